@@ -1,0 +1,296 @@
+"""A Flax NNX decoder of the Llama / Qwen2 / Qwen3 family.
+
+One module serves full-sequence training and KV-cache decoding: the caller passes the
+token positions (for RoPE) and a boolean attention mask `[B, T, S]` over the keys
+it may see; with a cache the new keys/values are written at `cache_index` first and the
+mask spans the whole cache. The mask helpers below build both cases.
+
+Parameters carry logical axis names (`out_sharding` metadata) that
+`evotrainer.sharding.rules` maps onto the mesh; activations are constrained by the same
+names. Nothing here names a mesh axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Sequence, Tuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from evotrainer.model.config import ModelConfig, RopeScaling
+from evotrainer.sharding.rules import constrain
+
+Array = jax.Array
+
+
+def _param(rngs: nnx.Rngs, init, shape: Sequence[int], axes: Tuple[Optional[str], ...],
+           dtype) -> nnx.Param:
+  return nnx.Param(init(rngs.params(), tuple(shape), dtype), out_sharding=axes,
+                   eager_sharding=False)
+
+
+_normal = nnx.initializers.normal(0.02)
+_ones = nnx.initializers.ones
+_zeros = nnx.initializers.zeros
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Per-layer keys and values. k, v: tuples of [B, S, KV, D], one entry per layer."""
+
+  k: Tuple[Array, ...]
+  v: Tuple[Array, ...]
+
+  @property
+  def length(self) -> int:
+    return self.k[0].shape[1]
+
+
+CACHE_AXES = ("batch", "cache_length", "kv_heads", "head_dim")
+
+
+def init_cache(config: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:
+  """A zeroed cache for `batch` rows and `length` positions."""
+  dtype = dtype or config.jnp_dtype
+  shape = (batch, length, config.num_kv_heads, config.head_dim)
+  zeros = lambda: tuple(constrain(jnp.zeros(shape, dtype), CACHE_AXES)
+                        for _ in range(config.num_layers))
+  return KVCache(k=zeros(), v=zeros())
+
+
+def attention_mask(query_valid: Array, key_valid: Array, query_pos: Array,
+                   key_pos: Array) -> Array:
+  """Causal mask `[B, T, S]`: a query sees valid keys at positions <= its own.
+
+  Args:
+    query_valid: [B, T] bool.
+    key_valid: [B, S] bool.
+    query_pos: [B, T] int, index of each query in the key sequence (cache slot).
+    key_pos: [B, S] or [S] int, slot index of each key.
+  """
+  if key_pos.ndim == 1:
+    key_pos = key_pos[None, :]
+  causal = key_pos[:, None, :] <= query_pos[:, :, None]
+  return causal & key_valid[:, None, :] & query_valid[:, :, None]
+
+
+def rope_frequencies(config: ModelConfig) -> jnp.ndarray:
+  """Inverse frequencies [D/2], with Llama 3 scaling applied when configured."""
+  d = config.head_dim
+  inv = 1.0 / (config.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+  s: Optional[RopeScaling] = config.rope_scaling
+  if s is None:
+    return inv
+  # Llama 3.1 (transformers `_compute_llama3_parameters`): long wavelengths are divided by
+  # `factor`, short ones kept, and the band in between interpolated smoothly.
+  low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+  high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+  wavelen = 2 * math.pi / inv
+  scaled = jnp.where(wavelen > low_wavelen, inv / s.factor, inv)
+  smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+      s.high_freq_factor - s.low_freq_factor)
+  smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return jnp.where(medium, smoothed, scaled)
+
+
+def apply_rope(x: Array, positions: Array, inv_freq: Array) -> Array:
+  """Rotary embedding in the half-split layout of the HF checkpoints. x: [B, T, N, D]."""
+  angles = positions[:, :, None].astype(jnp.float32) * inv_freq[None, None, :]  # [B, T, D/2]
+  cos = jnp.cos(angles)[:, :, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+
+  def __init__(self, dim: int, eps: float, config: ModelConfig, rngs: nnx.Rngs,
+               axis_name: str = "norm"):
+    self.eps = eps
+    self.scale = _param(rngs, _ones, (dim,), (axis_name,), config.jnp_param_dtype)
+
+  def __call__(self, x: Array) -> Array:
+    dtype = x.dtype
+    x = x.astype(jnp.float32)
+    x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+    # HF multiplies after casting back to the input dtype.
+    return self.scale[...].astype(dtype) * x.astype(dtype)
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+    c = config
+    self.config = c
+    pd = c.jnp_param_dtype
+    e, h, kv, d = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+    self.q = _param(rngs, _normal, (e, h, d), ("embed", "heads", "head_dim"), pd)
+    self.k = _param(rngs, _normal, (e, kv, d), ("embed", "kv_heads", "head_dim"), pd)
+    self.v = _param(rngs, _normal, (e, kv, d), ("embed", "kv_heads", "head_dim"), pd)
+    self.o = _param(rngs, _normal, (h, d, e), ("heads", "head_dim", "embed"), pd)
+    if c.qkv_bias:
+      self.q_bias = _param(rngs, _zeros, (h, d), ("heads", "head_dim"), pd)
+      self.k_bias = _param(rngs, _zeros, (kv, d), ("kv_heads", "head_dim"), pd)
+      self.v_bias = _param(rngs, _zeros, (kv, d), ("kv_heads", "head_dim"), pd)
+    if c.qk_norm:
+      self.q_norm = RMSNorm(d, c.rms_norm_eps, c, rngs)
+      self.k_norm = RMSNorm(d, c.rms_norm_eps, c, rngs)
+
+  def __call__(self, x: Array, positions: Array, mask: Array, inv_freq: Array,
+               cache: Optional[Tuple[Array, Array]], cache_index) -> Tuple[Array, Optional[tuple]]:
+    c = self.config
+    dt = x.dtype
+    q = jnp.einsum("bte,ehd->bthd", x, self.q[...].astype(dt))
+    k = jnp.einsum("bte,ehd->bthd", x, self.k[...].astype(dt))
+    v = jnp.einsum("bte,ehd->bthd", x, self.v[...].astype(dt))
+    if c.qkv_bias:
+      q = q + self.q_bias[...].astype(dt)
+      k = k + self.k_bias[...].astype(dt)
+      v = v + self.v_bias[...].astype(dt)
+    if c.qk_norm:
+      q = self.q_norm(q)
+      k = self.k_norm(k)
+    q = constrain(apply_rope(q, positions, inv_freq), ("batch", "length", "heads", "head_dim"))
+    k = apply_rope(k, positions, inv_freq)
+    if cache is not None:
+      ck, cv = cache
+      ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, cache_index, 0, 0))
+      cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, cache_index, 0, 0))
+      ck = constrain(ck, CACHE_AXES)
+      cv = constrain(cv, CACHE_AXES)
+      k, v, cache = ck.astype(dt), cv.astype(dt), (ck, cv)
+    b, t, h, d = q.shape
+    kvh = k.shape[2]
+    q = q.reshape(b, t, kvh, h // kvh, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) / math.sqrt(d)
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, d)
+    out = constrain(out, ("batch", "length", "heads", "head_dim"))
+    return jnp.einsum("bthd,hde->bte", out, self.o[...].astype(dt)), cache
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+    pd = config.jnp_param_dtype
+    e, m = config.hidden_size, config.intermediate_size
+    self.gate = _param(rngs, _normal, (e, m), ("embed", "mlp"), pd)
+    self.up = _param(rngs, _normal, (e, m), ("embed", "mlp"), pd)
+    self.down = _param(rngs, _normal, (m, e), ("mlp", "embed"), pd)
+
+  def __call__(self, x: Array) -> Array:
+    dt = x.dtype
+    g = x @ self.gate[...].astype(dt)
+    u = x @ self.up[...].astype(dt)
+    hmid = constrain(jax.nn.silu(g) * u, ("batch", "length", "mlp"))
+    return hmid @ self.down[...].astype(dt)
+
+
+class Block(nnx.Module):
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config, rngs)
+    self.attn = Attention(config, rngs)
+    self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config, rngs)
+    self.mlp = MLP(config, rngs)
+
+  def __call__(self, x, positions, mask, inv_freq, cache, cache_index):
+    h, cache = self.attn(self.attn_norm(x), positions, mask, inv_freq, cache, cache_index)
+    x = constrain(x + h, ("batch", "length", "embed"))
+    x = constrain(x + self.mlp(self.mlp_norm(x)), ("batch", "length", "embed"))
+    return x, cache
+
+
+def _block_no_cache(layer: Block, x, positions, mask, inv_freq):
+  return layer(x, positions, mask, inv_freq, None, 0)[0]
+
+
+class Transformer(nnx.Module):
+  """Decoder-only transformer.
+
+  `__call__` returns final hidden states (after the last norm), not logits, so that a
+  caller that needs logits at a few positions (sampler prefill) does not pay for the
+  LM head everywhere; `logits(hidden)` applies the head.
+  """
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    pd = config.jnp_param_dtype
+    self.embed = _param(rngs, _normal, (config.vocab_size, config.hidden_size),
+                        ("vocab", "embed"), pd)
+    self.layers = nnx.List([Block(config, rngs) for _ in range(config.num_layers)])
+    self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config, rngs)
+    if not config.tie_embeddings:
+      self.lm_head = _param(rngs, _normal, (config.hidden_size, config.vocab_size),
+                            ("embed", "vocab"), pd)
+
+  def __call__(self, tokens: Array, positions: Array, mask: Array,
+               cache: Optional[KVCache] = None,
+               cache_index=0) -> Tuple[Array, Optional[KVCache]]:
+    """Runs the decoder.
+
+    Args:
+      tokens: [B, T] int token ids.
+      positions: [B, T] int RoPE positions.
+      mask: [B, T, S] bool; S = T without a cache, S = cache length with one.
+      cache: optional KVCache; the new keys/values are written at `cache_index`.
+      cache_index: scalar int, slot of tokens[:, 0] in the cache.
+
+    Returns:
+      hidden: [B, T, E] in the compute dtype; the updated cache (or None).
+    """
+    c = self.config
+    dt = c.jnp_dtype
+    x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
+    x = constrain(x, ("batch", "length", "embed"))
+    inv_freq = rope_frequencies(c)
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.layers):
+      layer_cache = None if cache is None else (cache.k[i], cache.v[i])
+      if c.remat and cache is None:
+        x = nnx.remat(_block_no_cache)(layer, x, positions, mask, inv_freq)
+      else:
+        x, layer_cache = layer(x, positions, mask, inv_freq, layer_cache, cache_index)
+      if layer_cache is not None:
+        new_k.append(layer_cache[0])
+        new_v.append(layer_cache[1])
+    x = self.final_norm(x)
+    new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
+    return x, new_cache
+
+  def logits(self, hidden: Array) -> Array:
+    """LM head: [B, T, E] -> [B, T, V] float32."""
+    dt = hidden.dtype
+    if self.config.tie_embeddings:
+      out = jnp.einsum("bte,ve->btv", hidden, self.embed[...].astype(dt))
+    else:
+      out = hidden @ self.lm_head[...].astype(dt)
+    return constrain(out.astype(jnp.float32), ("batch", "length", "vocab"))
+
+  def forward_logits(self, tokens: Array, valid: Optional[Array] = None) -> Array:
+    """Full-sequence logits for right- or left-padded `tokens` [B, T] -> [B, T, V].
+
+    Positions count valid tokens only, so left padding does not shift RoPE.
+    """
+    if valid is None:
+      valid = jnp.ones(tokens.shape, bool)
+    positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
+    slots = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    mask = attention_mask(valid, valid, slots, slots)
+    hidden, _ = self(tokens, positions, mask)
+    return self.logits(hidden)
+
+
+def logical_axes(module_or_state):
+  """The tree of logical axis tuples for a model's params (same structure as the state)."""
+  state = module_or_state if isinstance(module_or_state, nnx.State) else nnx.state(
+      module_or_state, nnx.Param)
+  return jax.tree.map(lambda p: p.get_metadata()["out_sharding"], state,
+                      is_leaf=lambda x: isinstance(x, nnx.Variable))

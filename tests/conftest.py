@@ -1,0 +1,20 @@
+"""Test set-up: 8 fake CPU devices, set before JAX is imported anywhere."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "slow: end-to-end tests (still run in CI)")
+
+
+@pytest.fixture(scope="session")
+def devices():
+  assert jax.device_count() == 8, "tests expect 8 fake CPU devices"
+  return jax.devices()
