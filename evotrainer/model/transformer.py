@@ -164,7 +164,14 @@ class Attention(nnx.Module):
       cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, cache_index, 0, 0))
       ck = constrain(ck, CACHE_AXES)
       cv = constrain(cv, CACHE_AXES)
-      k, v, cache = ck.astype(dt), cv.astype(dt), (ck, cv)
+      cache = (ck, cv)
+      # A mask as wide as the cache attends over it (decode); a mask as wide as the new
+      # tokens attends over those alone (prefill: no work on empty slots).
+      if mask.shape[-1] == ck.shape[1]:
+        k, v = ck.astype(dt), cv.astype(dt)
+      elif mask.shape[-1] != k.shape[1]:
+        raise ValueError(f"mask has {mask.shape[-1]} keys; expected the cache length "
+                         f"{ck.shape[1]} or the number of new tokens {k.shape[1]}")
     b, t, h, d = q.shape
     kvh = k.shape[2]
     q = q.reshape(b, t, kvh, h // kvh, d)

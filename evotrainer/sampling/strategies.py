@@ -1,0 +1,65 @@
+"""Pure next-token selection: greedy, temperature, top-k, top-p.
+
+`select(logits, rng, temperature, top_k, top_p, greedy)` takes the last-position
+logits [B, V] and returns the chosen ids [B] and their log-probs under the *sampling
+policy before truncation*: log_softmax(logits / temperature) (temperature 1 for greedy).
+With temperature 1 that is the model's own log-prob, which is what a PPO/GRPO learner
+recomputes with teacher forcing. `temperature` is traced (changing it does not
+recompile); `top_k`, `top_p` and `greedy` are static.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+NEG = jnp.finfo(jnp.float32).min
+
+
+def top_k_mask(logits: jax.Array, k: int) -> jax.Array:
+  """Keeps the k largest logits per row. logits: [B, V] -> [B, V] (others set to NEG)."""
+  kth = jax.lax.top_k(logits, k)[0][:, -1:]  # [B, 1]
+  return jnp.where(logits >= kth, logits, NEG)
+
+
+def top_p_mask(logits: jax.Array, p: float) -> jax.Array:
+  """Nucleus filter: the smallest set of top tokens whose probability reaches p. [B, V]."""
+  sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]  # [B, V] descending
+  probs = jax.nn.softmax(sorted_logits, axis=-1)
+  before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each token
+  keep = before < p  # the first token is always kept
+  # Smallest kept logit is the threshold.
+  threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+  return jnp.where(logits >= threshold, logits, NEG)
+
+
+def select(logits: jax.Array, rng: jax.Array, temperature: jax.Array, *, top_k: int = 0,
+           top_p: float = 1.0, greedy: bool = False):
+  """Chooses one token per row.
+
+  Args:
+    logits: [B, V] float32.
+    rng: PRNG key.
+    temperature: scalar (traced).
+    top_k: keep the k most likely tokens (0 = off). Static.
+    top_p: nucleus mass (1.0 = off). Static.
+    greedy: argmax instead of sampling. Static.
+
+  Returns:
+    ids [B] int32 and logprobs [B] float32.
+  """
+  logits = logits.astype(jnp.float32)
+  if greedy:
+    ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+  else:
+    scaled = logits / temperature
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    filtered = scaled
+    if top_k:
+      filtered = top_k_mask(filtered, top_k)
+    if top_p < 1.0:
+      filtered = top_p_mask(filtered, top_p)
+    ids = jax.random.categorical(rng, filtered, axis=-1).astype(jnp.int32)
+  chosen = jnp.take_along_axis(logp, ids[:, None], axis=-1)[:, 0]
+  return ids, chosen

@@ -1,0 +1,167 @@
+"""Sampler vs independent references: a naive re-run-everything loop and teacher forcing."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from evotrainer.model import ModelConfig, Transformer
+from evotrainer.sampling import Sampler, SamplingParams, left_pad
+from evotrainer.sampling.strategies import select
+from evotrainer.sharding import rules
+from evotrainer.sharding.mesh import make_mesh, state_shardings
+
+CFG = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True,
+                  rope_theta=5e5, max_position_embeddings=256)
+PAD = 0
+
+
+@pytest.fixture(scope="module")
+def model():
+  return Transformer(CFG, rngs=nnx.Rngs(1))
+
+
+@pytest.fixture(scope="module")
+def prompts():
+  rng = np.random.default_rng(0)
+  return [list(map(int, rng.integers(1, CFG.vocab_size, size=n))) for n in (3, 9, 5, 12)]
+
+
+def naive_greedy(model, prompt, n, stop):
+  """Re-runs the full forward pass on the whole sequence for every new token."""
+  seq = list(prompt)
+  for _ in range(n):
+    nxt = int(jnp.argmax(model.forward_logits(jnp.array([seq]))[0, -1]))
+    seq.append(nxt)
+    if nxt in stop:
+      break
+  return seq[len(prompt):]
+
+
+def teacher_forced_logprobs(model, prompt, completion):
+  seq = jnp.array([list(prompt) + list(completion)])
+  logp = jax.nn.log_softmax(model.forward_logits(seq)[0], axis=-1)
+  idx = np.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
+  return np.asarray(logp[idx, np.asarray(completion)])
+
+
+def test_greedy_matches_naive_loop_and_stops(model, prompts):
+  n = 12
+  # Pick as stop id a token that greedy decoding of row 0 produces mid-way, so at least
+  # one row stops early and the others keep going.
+  free = naive_greedy(model, prompts[0], n, stop=())
+  stop = free[4]
+  sampler = Sampler(model, pad_id=PAD)
+  out = sampler(nnx.state(model), left_pad(prompts, PAD), jax.random.key(0), stop_ids=[stop],
+                sampling=SamplingParams(max_new_tokens=n, greedy=True))
+  tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+  stopped = 0
+  for i, p in enumerate(prompts):
+    ref = naive_greedy(model, p, n, stop=(stop,))
+    assert lengths[i] == len(ref)
+    np.testing.assert_array_equal(tokens[i, :len(ref)], ref)
+    np.testing.assert_array_equal(tokens[i, len(ref):], PAD)
+    np.testing.assert_array_equal(np.asarray(out.logprobs)[i, len(ref):], 0.0)
+    assert bool(out.truncated[i]) == (ref[-1] != stop)
+    stopped += ref[-1] == stop
+  assert stopped >= 1
+  assert lengths[0] == free.index(stop) + 1 <= 5
+
+
+def test_sampled_logprobs_equal_teacher_forcing(model, prompts):
+  sampler = Sampler(model, pad_id=PAD)
+  out = sampler(nnx.state(model), left_pad(prompts, PAD), jax.random.key(3),
+                sampling=SamplingParams(max_new_tokens=10, temperature=1.0))
+  for i, p in enumerate(prompts):
+    comp = np.asarray(out.tokens)[i, :int(out.lengths[i])]
+    ref = teacher_forced_logprobs(model, p, comp)
+    np.testing.assert_allclose(np.asarray(out.logprobs)[i, :len(comp)], ref, atol=1e-4)
+
+
+def test_same_key_is_deterministic_and_keys_differ(model, prompts):
+  sampler = Sampler(model, pad_id=PAD)
+  batch = left_pad(prompts, PAD)
+  sp = SamplingParams(max_new_tokens=8, temperature=1.0)
+  a = sampler(nnx.state(model), batch, jax.random.key(7), sampling=sp)
+  b = sampler(nnx.state(model), batch, jax.random.key(7), sampling=sp)
+  c = sampler(nnx.state(model), batch, jax.random.key(8), sampling=sp)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.logprobs, b.logprobs)
+  assert not np.array_equal(a.tokens, c.tokens)
+
+
+def test_top_k_and_top_p_stay_in_allowed_set():
+  # Row logits with known probabilities: softmax([4, 3, 2, 1, 0, -1, ...]).
+  v = 32
+  logits = jnp.tile(jnp.arange(v, 0, -1, dtype=jnp.float32)[None, :] - v + 4, (64, 1))
+  seen_k, seen_p = set(), set()
+  for s in range(20):
+    ids, _ = select(logits, jax.random.key(s), jnp.float32(1.0), top_k=3)
+    seen_k.update(np.asarray(ids).tolist())
+    # Probabilities of the top tokens: e^4, e^3, e^2 ... normalized; the top two carry
+    # 0.632 + 0.233 = 0.865 of the mass, so top_p=0.8 keeps exactly {0, 1}.
+    ids, _ = select(logits, jax.random.key(100 + s), jnp.float32(1.0), top_p=0.8)
+    seen_p.update(np.asarray(ids).tolist())
+  assert seen_k == {0, 1, 2}
+  assert seen_p == {0, 1}
+  ids, _ = select(logits, jax.random.key(0), jnp.float32(1.0), top_k=5, top_p=0.5)
+  assert set(np.asarray(ids).tolist()) == {0}
+
+
+def test_sampler_log_probs_ignore_truncation(model, prompts):
+  # With top-k the returned log-prob is still the untruncated policy's (what the
+  # learner recomputes), so it equals teacher forcing.
+  sampler = Sampler(model, pad_id=PAD)
+  out = sampler(nnx.state(model), left_pad(prompts[:2], PAD), jax.random.key(5),
+                sampling=SamplingParams(max_new_tokens=6, top_k=5))
+  comp = np.asarray(out.tokens)[1, :int(out.lengths[1])]
+  np.testing.assert_allclose(np.asarray(out.logprobs)[1, :len(comp)],
+                             teacher_forced_logprobs(model, prompts[1], comp), atol=1e-4)
+
+
+def test_same_bucket_does_not_recompile(model, prompts):
+  sampler = Sampler(model, pad_id=PAD)
+  sp = SamplingParams(max_new_tokens=6, temperature=1.0)
+  sampler(nnx.state(model), left_pad(prompts, PAD), jax.random.key(0), sampling=sp)
+  other = [p[::-1][:7] for p in prompts]  # new prompts, same bucket (16), same batch
+  sampler(nnx.state(model), left_pad(other, PAD), jax.random.key(1), stop_ids=[3, 4],
+          sampling=SamplingParams(max_new_tokens=6, temperature=0.7))
+  assert sampler.compiled_programs() == 1
+  longer = [p * 3 for p in prompts]  # bucket 64: one more program
+  sampler(nnx.state(model), left_pad(longer, PAD), jax.random.key(1), sampling=sp)
+  assert sampler.compiled_programs() == 2
+
+
+def test_sharded_sampling_equals_single_device(model, prompts, devices):
+  mesh = make_mesh(2, 2, 2)
+  params = nnx.state(model)
+  sharded = jax.device_put(params, state_shardings(params, mesh, rules.SAMPLER_RULES))
+  assert sharded["layers"][0]["mlp"]["gate"][...].sharding.spec == jax.sharding.PartitionSpec(None, "tensor")
+  batch = left_pad(prompts * 2, PAD)  # 8 rows: divisible by data*fsdp
+  sp = SamplingParams(max_new_tokens=8, temperature=1.0)
+  ref = Sampler(model, pad_id=PAD)(params, batch, jax.random.key(2), sampling=sp)
+  jax.set_mesh(mesh)
+  try:
+    out = Sampler(model, pad_id=PAD, mesh=mesh)(sharded, batch, jax.random.key(2), sampling=sp)
+  finally:
+    jax.set_mesh(None)
+  assert out.tokens.sharding.spec[0] == ("data", "fsdp")
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
+
+
+def test_bad_input_is_a_clear_error(model):
+  sampler = Sampler(model, pad_id=PAD)
+  with pytest.raises(ValueError, match="empty prompt batch"):
+    left_pad([], PAD)
+  with pytest.raises(ValueError, match="exceeds the largest bucket"):
+    left_pad([[1] * 5000], PAD)
+  with pytest.raises(ValueError, match="max_position_embeddings"):
+    sampler(nnx.state(model), left_pad([[1] * 200], PAD), jax.random.key(0),
+            sampling=SamplingParams(max_new_tokens=64))
+  with pytest.raises(ValueError, match="max_new_tokens"):
+    SamplingParams(max_new_tokens=0)
+  with pytest.raises(ValueError, match="temperature"):
+    SamplingParams(temperature=0.0)
