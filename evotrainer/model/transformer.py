@@ -5,7 +5,7 @@ token positions (for RoPE) and a boolean attention mask `[B, T, S]` over the key
 it may see; with a cache the new keys/values are written at `cache_index` first and the
 mask spans the whole cache. The mask helpers below build both cases.
 
-Parameters carry logical axis names (`out_sharding` metadata) that
+Parameters carry logical axis names (`logical_axes` metadata) that
 `evotrainer.sharding.rules` maps onto the mesh; activations are constrained by the same
 names. Nothing here names a mesh axis.
 """
@@ -29,8 +29,8 @@ Array = jax.Array
 
 def _param(rngs: nnx.Rngs, init, shape: Sequence[int], axes: Tuple[Optional[str], ...],
            dtype) -> nnx.Param:
-  return nnx.Param(init(rngs.params(), tuple(shape), dtype), out_sharding=axes,
-                   eager_sharding=False)
+  # Our own metadata key: flax's `out_sharding` would be read as mesh axes under a mesh.
+  return nnx.Param(init(rngs.params(), tuple(shape), dtype), logical_axes=axes)
 
 
 _normal = nnx.initializers.normal(0.02)
@@ -299,5 +299,5 @@ def logical_axes(module_or_state):
   """The tree of logical axis tuples for a model's params (same structure as the state)."""
   state = module_or_state if isinstance(module_or_state, nnx.State) else nnx.state(
       module_or_state, nnx.Param)
-  return jax.tree.map(lambda p: p.get_metadata()["out_sharding"], state,
+  return jax.tree.map(lambda p: p.get_metadata()["logical_axes"], state,
                       is_leaf=lambda x: isinstance(x, nnx.Variable))

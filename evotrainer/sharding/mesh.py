@@ -9,10 +9,11 @@ from typing import Optional
 import gin
 import jax
 import numpy as np
+import optax
 from flax import nnx
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from evotrainer.sharding.rules import MESH_AXES, Rules, named_sharding
+from evotrainer.sharding.rules import MESH_AXES, Rules, named_sharding, tree_shardings
 
 
 @gin.configurable(module="mesh")
@@ -92,8 +93,66 @@ def _is_var(x) -> bool:
 def state_shardings(state: nnx.State, mesh: Mesh, rules: Rules):
   """NamedSharding per parameter of an (abstract or concrete) NNX state."""
   return jax.tree.map(
-      lambda v: named_sharding(mesh, v.get_metadata()["out_sharding"], rules, v.shape),
+      lambda v: named_sharding(mesh, v.get_metadata()["logical_axes"], rules, v.shape),
       state, is_leaf=_is_var)
+
+
+def opt_state_shardings(tx: optax.GradientTransformation, opt_state, param_shardings,
+                        mesh: Mesh):
+  """Shardings for an optax state, derived from the parameters' shardings.
+
+  Every copy of the parameter tree inside the state (Adam's `mu` and `nu`, momentum
+  traces, ...) is sharded exactly like the parameters, so the optimizer update is local
+  to each shard; everything else (step counters, scalars) is replicated.
+
+  Args:
+    tx: the optimizer that built (or will build) `opt_state`.
+    opt_state: the optimizer state, concrete or abstract (`jax.eval_shape(tx.init, params)`).
+    param_shardings: the parameters' shardings, e.g. from `state_shardings`.
+    mesh: the mesh the replicated leaves live on.
+
+  Returns:
+    A tree of NamedShardings that is a prefix of `opt_state`, usable as `in_shardings`,
+    `out_shardings` or with `jax.device_put`.
+  """
+  replicated = NamedSharding(mesh, PartitionSpec())
+  return optax.tree_map_params(tx, lambda _, sharding: sharding, opt_state, param_shardings,
+                               transform_non_params=lambda _: replicated, is_leaf=_is_var)
+
+
+def shard_batch(batch, mesh: Mesh, rules: Rules, logical=None):
+  """Places a batch on the mesh, split by logical axis names (rows by the `batch` rule).
+
+  Works on one host and on many: a numpy leaf must hold the *global* batch, the same
+  on every process, and each process copies out only the slices its devices own
+  (`jax.make_array_from_callback`); a `jax.Array` leaf is resharded with `device_put`.
+
+  Args:
+    batch: pytree of arrays, each [B, ...].
+    mesh: the device mesh.
+    rules: the logical → mesh axis table (e.g. `LEARNER_RULES`).
+    logical: optional matching tree of logical axis tuples, e.g.
+      `{'tokens': ('batch', 'length')}`; by default the leading axis of every leaf is
+      `batch` and the others are replicated.
+
+  Returns:
+    The same tree of global `jax.Array`s.
+  """
+  if logical is None:
+    def rows(x):
+      return ("batch",) + (None,) * (np.ndim(x) - 1) if np.ndim(x) else ()
+    shardings = jax.tree.map(lambda x: named_sharding(mesh, rows(x), rules, np.shape(x)),
+                             batch)
+  else:
+    shardings = tree_shardings(mesh, logical, batch, rules)
+
+  def place(x, sharding):
+    if isinstance(x, jax.Array):
+      return jax.device_put(x, sharding)
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+  return jax.tree.map(place, batch, shardings)
 
 
 def create_model(config, mesh: Mesh, rules: Rules, seed: int = 0):
