@@ -1,0 +1,563 @@
+"""`MathTask`: math problems from procedural generators and local JSONL, scored by answer.
+
+Sources (named in `MathTask.sources`):
+  tiny_arithmetic    built in: `"12+7="` style problems with short integer answers, for
+                     tiny models trained from scratch on the CPU.
+  basic_arithmetic, chain_sum, simple_equations, gsm_symbolic
+                     reasoning-gym generators; `difficulty` 1..3 picks their knobs
+                     (`_RG_LEVELS`; gsm_symbolic: templates ranked by solution steps).
+  jsonl              local files in GSM8K form (`question`, `answer` ending `#### N`) or
+                     MATH form (`problem`, `solution` with `\\boxed{}`, optional `answer`).
+
+Splits. A procedural problem is a pure function of an integer key; keys below
+`HELDOUT_KEYS` belong to the held-out split and training draws keys above it, so the
+splits are disjoint by construction, and training draws whose normalized prompt equals
+a held-out prompt are redrawn as well (small problem spaces repeat texts). JSONL rows go
+held-out either from separate `heldout_jsonl_files` or by a stable hash of the prompt
+text, so duplicates always land on the same side. The held-out set depends only on the
+task config, never on the run seed.
+
+Generation cost here (per problem, one CPU core, gold check included): tiny_arithmetic
+≈0.02 ms, chain_sum / basic_arithmetic / gsm_symbolic 0.02–0.05 ms, simple_equations
+≈0.4–0.55 ms (sympy); the first reasoning-gym use imports the package (≈1 s). Cheap
+enough to generate on demand, so nothing is pre-generated; the held-out set is built
+once per task and cached.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+import logging
+import operator
+import pathlib
+import random
+import re
+from fractions import Fraction
+from typing import Iterator, Optional, Sequence
+
+import gin
+
+from evotrainer.tasks.base import Problem, check_disjoint, normalize_prompt
+from evotrainer.tasks.verify import (METHODS, VerifierPool, answer_tag, boxed_contents,
+                                     count_candidates, extract_answer, parse_number)
+
+__all__ = ["MathTask", "check_disjoint", "load_jsonl", "JsonlFile", "procedural_problem",
+           "PROCEDURAL_SOURCES", "HELDOUT_KEYS", "DEFAULT_TEMPLATE"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TEMPLATE = "{question}\nGive the final answer inside <answer></answer> tags."
+# Procedural keys [0, HELDOUT_KEYS) are held-out; training keys are drawn above.
+HELDOUT_KEYS = 1_000_000
+_MAX_KEY = 2**31 - 1
+_HELDOUT_SEED = 20240601  # slot → source assignment of the held-out set; never the run seed
+_MAX_REDRAWS = 1000  # consecutive unusable draws before a source is declared too small
+
+# difficulty → reasoning-gym config knobs. Level 1 is one-step problems with small
+# numbers; level 3 is near each generator's defaults.
+_RG_LEVELS = {
+    "basic_arithmetic": {
+        1: dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=("+", "-"),
+                allow_negation=False),
+        2: dict(min_terms=2, max_terms=3, min_digits=1, max_digits=2,
+                operators=("+", "-", "*")),
+        3: dict(min_terms=3, max_terms=5, min_digits=1, max_digits=3,
+                operators=("+", "-", "*", "/")),
+    },
+    "chain_sum": {
+        1: dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
+        2: dict(min_terms=3, max_terms=4, min_digits=1, max_digits=2),
+        3: dict(min_terms=4, max_terms=6, min_digits=2, max_digits=3, allow_negation=True),
+    },
+    "simple_equations": {
+        1: dict(min_terms=2, max_terms=2, min_value=1, max_value=10, operators=("+", "-"),
+                operators_weights=[0.5, 0.5]),
+        2: dict(min_terms=2, max_terms=3, min_value=1, max_value=50),
+        3: dict(min_terms=3, max_terms=4, min_value=1, max_value=100),
+    },
+    "gsm_symbolic": {1: {}, 2: {}, 3: {}},  # difficulty picks templates (_gsm_tiers)
+}
+PROCEDURAL_SOURCES = ("tiny_arithmetic",) + tuple(_RG_LEVELS)
+_GSM_SUFFIX = " Give the result as your final answer. Do not include units."
+
+
+# ------------------------------------------------------------------ procedural problems
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv}
+
+
+def _exact_value(expression: str) -> Fraction:
+  """Exact value of an arithmetic expression of integers (+ - * /, parentheses).
+
+  Used to check generated gold answers independently: reasoning-gym evaluates `/` as
+  floor division, so a generated "exact" division is occasionally not exact.
+  """
+
+  def ev(node: ast.AST) -> Fraction:
+    if isinstance(node, ast.Expression):
+      return ev(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+      return Fraction(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+      return -ev(node.operand) if isinstance(node.op, ast.USub) else ev(node.operand)
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+      return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+    raise ValueError(f"unsupported syntax in {expression!r}")
+
+  return ev(ast.parse(expression.strip(), mode="eval"))
+
+
+def _answer_checks(name: str, item: dict) -> bool:
+  """Whether a reasoning-gym item's gold answer is right, checked without its code."""
+  meta = item["metadata"]
+  try:
+    gold = Fraction(item["answer"])
+    if name in ("basic_arithmetic", "chain_sum"):
+      return _exact_value(meta["expression"]) == gold
+    if name == "simple_equations":
+      lhs, rhs = meta["equation"].split("=")
+      var = re.compile(rf"\b{meta['variable']}\b")
+      sub = lambda side: _exact_value(var.sub(f"({gold})", side))  # noqa: E731
+      return sub(lhs) == sub(rhs)
+    return parse_number(item["answer"]) is not None
+  except (ValueError, ZeroDivisionError, KeyError, SyntaxError):
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _rg_dataset(name: str, difficulty: int):
+  import reasoning_gym  # pylint: disable=import-outside-toplevel  (≈1.2 s import)
+  return reasoning_gym.create_dataset(name, seed=0, size=1, **_RG_LEVELS[name][difficulty])
+
+
+@functools.lru_cache(maxsize=None)
+def _gsm_tiers() -> tuple[tuple[int, ...], ...]:
+  """gsm_symbolic templates split in three tiers by the steps of their worked solution.
+
+  The generator itself has one difficulty; templates differ a lot (2 to 18 steps).
+  """
+  # pylint: disable-next=import-outside-toplevel
+  from reasoning_gym.arithmetic.gsm_symbolic.gsm_symbolic import tasks_ok
+  generators = _rg_dataset("gsm_symbolic", 1).generators
+
+  def cost(t: int) -> tuple[float, float]:
+    cots = [generators[t](random.Random(s), 1.0)["metadata"]["answer_cot"] for s in range(4)]
+    return sum(c.count("\n") for c in cots) / 4, sum(len(c) for c in cots) / 4
+
+  ranked = sorted(tasks_ok, key=lambda t: (cost(t), t))
+  k = len(ranked) // 3
+  return tuple(ranked[:k]), tuple(ranked[k:2 * k]), tuple(ranked[2 * k:])
+
+
+def _tiny_arithmetic(key: int, difficulty: int) -> tuple[str, str, str]:
+  """(question, answer, expression): 1: a+b; 2: a+b or a-b ≥ 0; 3: a±b±c; a, b, c < 100."""
+  rng = random.Random(f"tiny_arithmetic:{difficulty}:{key}")
+  a, b, c = (rng.randint(0, 99) for _ in range(3))
+  if difficulty == 1:
+    expr = f"{a}+{b}"
+  elif difficulty == 2:
+    expr = f"{a}+{b}" if rng.random() < 0.5 else f"{max(a, b)}-{min(a, b)}"
+  else:
+    expr = f"{a}{rng.choice('+-')}{b}{rng.choice('+-')}{c}"
+  return f"{expr}=", str(_exact_value(expr)), expr
+
+
+def procedural_problem(name: str, difficulty: int, key: int) -> Optional[Problem]:
+  """The problem of a procedural source at `key`, or None if its gold fails our check.
+
+  A pure function of its arguments (reasoning-gym datasets are built with seed 0 and
+  item `key` is generated from `Random(key)`).
+  """
+  pid = f"{name}/d{difficulty}/{key}"
+  if name == "tiny_arithmetic":
+    question, answer, expr = _tiny_arithmetic(key, difficulty)
+    return Problem(pid, question, answer, answer_tag(answer), name, difficulty,
+                   {"expression": expr, "key": key})
+  if name == "gsm_symbolic":
+    template = random.Random(f"gsm:{difficulty}:{key}").choice(_gsm_tiers()[difficulty - 1])
+    item = _rg_dataset(name, 1).generators[template](random.Random(key), 1.0)
+    item["question"] += _GSM_SUFFIX
+  else:
+    item = _rg_dataset(name, difficulty)[key]
+  if not _answer_checks(name, item):
+    return None
+  answer, meta = item["answer"], item["metadata"]
+  if name == "gsm_symbolic":
+    steps = re.sub(r"\n?####[^\n]*$", "", meta["answer_cot"].strip())
+    solution = f"{steps}\n{answer_tag(answer)}"
+    extra = {"template": template}
+  elif name == "simple_equations":
+    solution = f"{meta['variable']} = {answer}\n{answer_tag(answer)}"
+    extra = {"equation": meta["equation"]}
+  else:
+    solution = f"{meta['expression']} = {answer}\n{answer_tag(answer)}"
+    extra = {"expression": meta["expression"]}
+  return Problem(pid, item["question"], answer, solution, name, difficulty,
+                 {"key": key, **extra})
+
+
+class _ProceduralSource:
+  """Keys [0, HELDOUT_KEYS) in order for held-out; random keys above for training."""
+
+  def __init__(self, name: str, difficulty: int):
+    self.name, self.difficulty = name, difficulty
+
+  def heldout_iter(self) -> Iterator[Problem]:
+    for key in range(HELDOUT_KEYS):
+      p = procedural_problem(self.name, self.difficulty, key)
+      if p is not None:
+        yield p
+
+  def sample_train(self, rng: random.Random) -> Optional[Problem]:
+    return procedural_problem(self.name, self.difficulty,
+                              rng.randrange(HELDOUT_KEYS, _MAX_KEY))
+
+
+# ------------------------------------------------------------------ JSONL files
+
+
+class _BadRow(Exception):
+  pass
+
+
+def _parse_row(line: str, path: pathlib.Path, lineno: int) -> Problem:
+  """One JSONL row in GSM8K or MATH form → Problem; raises _BadRow saying what is wrong."""
+  try:
+    row = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise _BadRow(f"not valid JSON ({e.msg} at column {e.colno})") from None
+  if not isinstance(row, dict):
+    raise _BadRow(f"expected a JSON object, got {type(row).__name__}")
+
+  def text(field: str) -> str:
+    value = row.get(field)
+    if not isinstance(value, str) or not value.strip():
+      raise _BadRow(f"field {field!r} must be a non-empty string, got {value!r:.60}")
+    return value.strip()
+
+  pid, meta = f"{path.name}:{lineno}", {"file": str(path), "line": lineno}
+  if "question" in row:  # GSM8K: answer = worked solution ending in "#### N"
+    question, full = text("question"), text("answer")
+    if "####" not in full:
+      raise _BadRow("GSM8K row: 'answer' must end with '#### <final answer>'")
+    steps, _, gold = full.rpartition("####")
+    gold = gold.strip()
+    if not gold:
+      raise _BadRow("GSM8K row: nothing after '####' in 'answer'")
+    if parse_number(gold) is not None:
+      gold = gold.replace(",", "")
+    steps = re.sub(r"<<[^>]*>>", "", steps).strip()  # calculator annotations
+    solution = f"{steps}\n{answer_tag(gold)}" if steps else answer_tag(gold)
+    return Problem(pid, question, gold, solution, "gsm8k", 0, meta)
+  if "problem" in row:  # MATH: solution with \boxed{answer}; optional explicit answer
+    question = text("problem")
+    steps = row.get("solution") if isinstance(row.get("solution"), str) else ""
+    if row.get("answer") is not None:
+      gold = text("answer")
+    else:
+      boxes = boxed_contents(steps)
+      if not boxes or not boxes[-1].strip():
+        raise _BadRow("MATH row: no \\boxed{...} answer in 'solution' and no 'answer' field")
+      gold = boxes[-1].strip()
+    level = re.search(r"\d+", str(row.get("level", "")))
+    solution = f"{steps.strip()}\n{answer_tag(gold)}" if steps.strip() else answer_tag(gold)
+    if row.get("type"):
+      meta["type"] = row["type"]
+    return Problem(pid, question, gold, solution, "math", int(level.group()) if level else 0,
+                   meta)
+  raise _BadRow(f"expected GSM8K fields ('question', 'answer') or MATH fields ('problem', "
+                f"'solution'); got keys {sorted(row)[:8]}")
+
+
+class JsonlFile:
+  """The usable problems of one JSONL file and the rows that were not.
+
+  Attributes:
+    path: the file.
+    problems: parsed problems, in file order.
+    bad_rows: `"file:line: what is wrong"` for every skipped row.
+  """
+
+  def __init__(self, path: pathlib.Path, problems: list[Problem], bad_rows: list[str]):
+    self.path, self.problems, self.bad_rows = path, problems, bad_rows
+
+
+def load_jsonl(path: str | pathlib.Path, on_bad_row: str = "skip") -> JsonlFile:
+  """Reads a GSM8K- or MATH-form JSONL file (the form is detected per row).
+
+  Args:
+    path: the file. Blank lines are ignored.
+    on_bad_row: "skip" logs each malformed row as `file:line: reason` and counts it in
+      `bad_rows`; "error" raises ValueError at the first one.
+
+  Raises:
+    FileNotFoundError: no such file.
+    ValueError: a malformed row under "error", or no usable row at all.
+  """
+  if on_bad_row not in ("skip", "error"):
+    raise ValueError(f"on_bad_row must be 'skip' or 'error', got {on_bad_row!r}")
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"math JSONL file not found: {path}")
+  problems, bad = [], []
+  with path.open(encoding="utf-8") as f:
+    for lineno, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        problems.append(_parse_row(line, path, lineno))
+      except _BadRow as e:
+        where = f"{path}:{lineno}: {e}"
+        if on_bad_row == "error":
+          raise ValueError(f"malformed row {where} (on_bad_row='error')") from None
+        log.warning("skipping malformed row %s", where)
+        bad.append(where)
+  if not problems:
+    raise ValueError(f"{path}: no usable problems ({len(bad)} malformed row(s) skipped"
+                     f"{', first: ' + bad[0] if bad else '; the file is empty'})")
+  if bad:
+    log.warning("%s: skipped %d malformed row(s) of %d", path, len(bad),
+                len(bad) + len(problems))
+  return JsonlFile(path, problems, bad)
+
+
+def _hash_unit(text: str) -> float:
+  """A stable value in [0, 1) from text (not Python's salted `hash`)."""
+  return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+
+
+class _JsonlSource:
+  """Problems from files: held-out from `heldout_files`, or a prompt-hash fraction."""
+
+  name = "jsonl"
+
+  def __init__(self, files: Sequence[str], heldout_files: Sequence[str],
+               heldout_fraction: float, on_bad_row: str):
+    loaded = [load_jsonl(f, on_bad_row) for f in files]
+    held_loaded = [load_jsonl(f, on_bad_row) for f in heldout_files]
+    self.bad_rows = [b for f in loaded + held_loaded for b in f.bad_rows]
+    rows = [p for f in loaded for p in f.problems]
+    if held_loaded:
+      self.heldout = [p for f in held_loaded for p in f.problems]
+      held = {normalize_prompt(p.prompt) for p in self.heldout}
+      self.train = [p for p in rows if normalize_prompt(p.prompt) not in held]
+      if len(self.train) < len(rows):
+        log.info("jsonl: dropped %d training row(s) whose prompt is in the held-out files",
+                 len(rows) - len(self.train))
+    else:
+      is_held = [_hash_unit(normalize_prompt(p.prompt)) < heldout_fraction for p in rows]
+      self.heldout = [p for p, h in zip(rows, is_held) if h]
+      self.train = [p for p, h in zip(rows, is_held) if not h]
+    if not self.train:
+      raise ValueError(f"MathTask: no training problems left in {list(files)} after "
+                       f"setting aside {len(self.heldout)} held-out problem(s)")
+
+  def heldout_iter(self) -> Iterator[Problem]:
+    return iter(self.heldout)
+
+  def sample_train(self, rng: random.Random) -> Optional[Problem]:
+    return self.train[rng.randrange(len(self.train))]
+
+
+# ------------------------------------------------------------------ the task
+
+
+def _closeness(gold: str, pred: Optional[str], correct: bool) -> float:
+  """Partial credit 1 / (1 + |pred - gold| / max(1, |gold|)) for numbers; else 0/1."""
+  if correct:
+    return 1.0
+  g, p = parse_number(gold), parse_number(pred)
+  if g is None or p is None:
+    return 0.0
+  return float(1 / (1 + abs(p - g) / max(1, abs(g))))
+
+
+@gin.configurable(module="tasks")
+class MathTask:
+  """Math problems with answer-based reward parts.
+
+  Args:
+    sources: names from `PROCEDURAL_SOURCES`, and/or "jsonl" for `jsonl_files`.
+      Default: ("jsonl",) if `jsonl_files` is set, else ("tiny_arithmetic",).
+    weights: sampling weight per source (default uniform).
+    difficulty: 1..3, for every procedural source.
+    num_heldout: size of the fixed held-out set (smaller if the sources run out).
+    jsonl_files: GSM8K/MATH-form JSONL files for the "jsonl" source.
+    heldout_jsonl_files: held-out JSONL files (e.g. a test split); without them a
+      `heldout_fraction` of `jsonl_files` rows (chosen by prompt hash) is held out.
+    heldout_fraction: see above.
+    on_bad_row: "skip" (log with file:line and count in `bad_rows`) or "error" (raise).
+    prompt_template: `str.format` template with a `{question}` field. Tiny models want
+      just "{question}".
+    answer_methods: extraction methods tried in order (see `verify.METHODS`).
+    format_methods: extraction methods that count as following the format.
+    verifier: a `VerifierPool` to share; by default one is created on first need.
+    verify_workers, verify_timeout_s: for the pool created here.
+  """
+
+  def __init__(self, sources: Optional[Sequence[str]] = None,
+               weights: Optional[Sequence[float]] = None, difficulty: int = 1,
+               num_heldout: int = 200, jsonl_files: Sequence[str] = (),
+               heldout_jsonl_files: Sequence[str] = (), heldout_fraction: float = 0.1,
+               on_bad_row: str = "skip", prompt_template: str = DEFAULT_TEMPLATE,
+               answer_methods: Sequence[str] = METHODS,
+               format_methods: Sequence[str] = ("answer_tag",),
+               verifier: Optional[VerifierPool] = None, verify_workers: int = 1,
+               verify_timeout_s: float = 5.0):
+    if sources is None:
+      sources = ("jsonl",) if jsonl_files else ("tiny_arithmetic",)
+    sources = tuple(sources)
+    if not sources:
+      raise ValueError("MathTask.sources is empty")
+    for s in sources:
+      if s != "jsonl" and s not in PROCEDURAL_SOURCES:
+        raise ValueError(f"MathTask.sources: unknown source {s!r}; expected 'jsonl' or "
+                         f"one of {PROCEDURAL_SOURCES}")
+    if ("jsonl" in sources) != bool(jsonl_files):
+      raise ValueError("MathTask: list 'jsonl' in MathTask.sources exactly when "
+                       "MathTask.jsonl_files is set")
+    if difficulty not in (1, 2, 3):
+      raise ValueError(f"MathTask.difficulty must be 1, 2 or 3, got {difficulty!r}")
+    weights = tuple(float(w) for w in (weights or [1.0] * len(sources)))
+    if len(weights) != len(sources) or min(weights) < 0 or sum(weights) <= 0:
+      raise ValueError(f"MathTask.weights={weights} must be {len(sources)} non-negative "
+                       f"numbers (one per source in {sources}) with a positive sum")
+    if not 0.0 <= heldout_fraction < 1.0:
+      raise ValueError(f"MathTask.heldout_fraction must be in [0, 1), got {heldout_fraction}")
+    try:
+      prompt_template.format(question="")
+    except (KeyError, IndexError, ValueError) as e:
+      raise ValueError(f"MathTask.prompt_template must be a str.format template whose "
+                       f"only field is {{question}}: {prompt_template!r} ({e!r})") from None
+    for m in tuple(answer_methods) + tuple(format_methods):
+      if m not in METHODS:
+        raise ValueError(f"MathTask: unknown extraction method {m!r}; expected {METHODS}")
+    self.sources = sources
+    self.weights = weights
+    self.difficulty = difficulty
+    self.num_heldout = num_heldout
+    self.prompt_template = prompt_template
+    self.answer_methods = tuple(answer_methods)
+    self.format_methods = tuple(format_methods)
+    self._sources = [
+        _JsonlSource(jsonl_files, heldout_jsonl_files, heldout_fraction, on_bad_row)
+        if s == "jsonl" else _ProceduralSource(s, difficulty) for s in sources]
+    self.bad_rows = [b for s in self._sources for b in getattr(s, "bad_rows", [])]
+    self._heldout: Optional[list[Problem]] = None
+    self._heldout_prompts: set[str] = set()
+    self._verifier = verifier
+    self._owns_verifier = verifier is None
+    self._verify_workers, self._verify_timeout_s = verify_workers, verify_timeout_s
+
+  # ------------------------------------------------------------------ problems
+
+  def _heldout_set(self) -> list[Problem]:
+    """The fixed held-out list: slots assigned to sources by a fixed seed, no repeats."""
+    if self._heldout is None:
+      slots = random.Random(_HELDOUT_SEED).choices(range(len(self._sources)),
+                                                   weights=self.weights, k=self.num_heldout)
+      iters = [s.heldout_iter() for s in self._sources]
+      live = [True] * len(iters)
+      out, seen = [], set()
+      for s in slots:
+        misses = 0
+        while live[s] and misses < _MAX_REDRAWS:
+          p = next(iters[s], None)
+          if p is None:
+            live[s] = False
+          elif normalize_prompt(p.prompt) in seen:
+            misses += 1
+          else:
+            seen.add(normalize_prompt(p.prompt))
+            out.append(p)
+            break
+        else:
+          live[s] = False
+      if len(out) < self.num_heldout:
+        # Expected for finite JSONL data; for a generator it means a tiny problem space.
+        ran_out = [s.name for s, ok in zip(self._sources, live) if not ok]
+        level = logging.INFO if ran_out == ["jsonl"] else logging.WARNING
+        log.log(level, "MathTask: held-out set has %d problems, fewer than num_heldout=%d "
+                "(%s ran out of distinct problems)", len(out), self.num_heldout, ran_out)
+      self._heldout, self._heldout_prompts = out, seen
+    return self._heldout
+
+  def heldout_problems(self, n: Optional[int] = None) -> list[Problem]:
+    """The first `n` (all when None) problems of the fixed held-out split."""
+    held = self._heldout_set()
+    if n is not None and n > len(held):
+      raise ValueError(f"asked for {n} held-out problems but the held-out split has "
+                       f"{len(held)}; raise MathTask.num_heldout")
+    return list(held if n is None else held[:n])
+
+  def train_problems(self, n: int, seed: int) -> list[Problem]:
+    """`n` training problems drawn by `seed` (deterministic); none is held-out."""
+    self._heldout_set()
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+      (src,) = rng.choices(self._sources, weights=self.weights)
+      for _ in range(_MAX_REDRAWS):
+        p = src.sample_train(rng)
+        if p is not None and normalize_prompt(p.prompt) not in self._heldout_prompts:
+          out.append(p)
+          break
+      else:
+        raise RuntimeError(
+            f"MathTask: {_MAX_REDRAWS} training draws in a row from source {src.name!r} "
+            f"were held-out or invalid problems; its problem space is too small for "
+            f"num_heldout={self.num_heldout} (raise difficulty or lower num_heldout)")
+    return out
+
+  def format_prompt(self, problem: Problem) -> str:
+    """The question wrapped in `prompt_template`."""
+    return self.prompt_template.format(question=problem.prompt)
+
+  # ------------------------------------------------------------------ scoring
+
+  @property
+  def verifier(self) -> VerifierPool:
+    if self._verifier is None:
+      self._verifier = VerifierPool(num_workers=self._verify_workers,
+                                    timeout_s=self._verify_timeout_s)
+    return self._verifier
+
+  def score(self, problem: Problem, completion: str) -> dict[str, float]:
+    """Reward parts of one completion; see `score_many`."""
+    return self.score_many([problem], [completion])[0]
+
+  def score_many(self, problems: Sequence[Problem],
+                 completions: Sequence[str]) -> list[dict[str, float]]:
+    """Reward parts per completion, all answers verified in one pool call.
+
+    Returns, per completion: `correct` (0/1, the extracted answer equals the gold one),
+    `format` (0/1, the answer was given in a `format_methods` form), `partial` (numeric
+    closeness in [0, 1], 1 when correct, 0 for non-numeric wrong answers) and
+    `n_candidates` (distinct answers the completion marks; > 1 suggests answer spam).
+    """
+    if len(problems) != len(completions):
+      raise ValueError(f"score_many: {len(problems)} problems but {len(completions)} "
+                       f"completions")
+    found = [extract_answer(c, self.answer_methods) for c in completions]
+    verdicts = self.verifier.verify_many([(p.answer, a) for p, (a, _) in zip(problems, found)])
+    return [{"correct": float(v.correct),
+             "format": float(how in self.format_methods),
+             "partial": _closeness(p.answer, a, v.correct),
+             "n_candidates": float(count_candidates(c))}
+            for p, c, (a, how), v in zip(problems, completions, found, verdicts)]
+
+  def close(self) -> None:
+    """Stops the verifier pool if this task created it."""
+    if self._owns_verifier and self._verifier is not None:
+      self._verifier.close()
+      self._verifier = None
+
+  def __enter__(self) -> "MathTask":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
