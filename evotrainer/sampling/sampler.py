@@ -97,7 +97,8 @@ def _is_stop(ids: jax.Array, stop_ids: jax.Array) -> jax.Array:
 def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
            prompt_lengths: jax.Array, stop_ids: jax.Array, rng: jax.Array,
            temperature: jax.Array, *, max_new_tokens: int, top_k: int, top_p: float,
-           greedy: bool, pad_id: int, rules: Optional[Rules] = SAMPLER_RULES):
+           greedy: bool, pad_id: int, rules: Optional[Rules] = SAMPLER_RULES,
+           vocab_limit: Optional[int] = None):
   """Generates up to `max_new_tokens` per row. Pure; jit it with the keywords static.
 
   Args:
@@ -108,6 +109,8 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
     stop_ids: [B, K] int32 stop ids per row, -1 for none.
     rng: PRNG key.
     temperature: [] float32.
+    vocab_limit: ids >= this are never sampled (a model vocabulary padded past the
+      tokenizer's, as in Qwen checkpoints); log-probs are normalized over the rest.
 
   Returns:
     (Rollouts, the cache buffer for reuse).
@@ -115,6 +118,14 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
   ctx = use_rules(rules) if rules is not None else _null()
   with ctx:
     model: Transformer = nnx.merge(graphdef, params)
+    v = model.config.vocab_size
+
+    def head(h):  # [B, 1, E] -> [B, V]
+      logits = model.logits(h)[:, 0]
+      if vocab_limit is not None and vocab_limit < v:
+        logits = jnp.where(jnp.arange(v) < vocab_limit, logits, jnp.finfo(jnp.float32).min)
+      return logits
+
     b, p = prompt_tokens.shape
     n = max_new_tokens
     s = cache.length
@@ -127,7 +138,7 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
     positions = jnp.maximum(prompt_slots[None, :] - pad[:, None], 0)
     mask = (prompt_slots[None, None, :] <= prompt_slots[None, :, None]) & valid[:, None, :]
     hidden, cache = model(prompt_tokens, positions, mask, cache=cache, cache_index=0)
-    logits = model.logits(hidden[:, -1:])[:, 0]  # [B, V], last position only
+    logits = head(hidden[:, -1:])  # [B, V], last position only
     rng, key = jax.random.split(rng)
     first, first_logp = select(logits, key, temperature, top_k=top_k, top_p=top_p,
                                greedy=greedy)
@@ -148,7 +159,7 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
       key_valid = (slots[None, :] >= pad[:, None]) & (slots[None, :] <= index)  # [B, S]
       step_mask = key_valid[:, None, :]
       h, new_cache = model(last, pos, step_mask, cache=st.cache, cache_index=index)
-      step_logits = model.logits(h)[:, 0]
+      step_logits = head(h)
       rng, key = jax.random.split(st.rng)
       ids, logp = select(step_logits, key, temperature, top_k=top_k, top_p=top_p,
                          greedy=greedy)
@@ -190,17 +201,20 @@ class Sampler:
   """
 
   def __init__(self, model: Transformer, *, pad_id: int, mesh=None,
-               rules: Rules = SAMPLER_RULES, max_stop_ids: int = 4):
+               rules: Rules = SAMPLER_RULES, max_stop_ids: int = 4,
+               vocab_limit: Optional[int] = None):
     self.graphdef = nnx.graphdef(model)
     self.config = model.config
     self.pad_id = int(pad_id)
     self.mesh = mesh
     self.rules = rules
     self.max_stop_ids = max_stop_ids
+    self.vocab_limit = vocab_limit
     self._caches: dict = {}
     self._fn = jax.jit(
         functools.partial(sample, self.graphdef),
-        static_argnames=("max_new_tokens", "top_k", "top_p", "greedy", "pad_id", "rules"),
+        static_argnames=("max_new_tokens", "top_k", "top_p", "greedy", "pad_id", "rules",
+                         "vocab_limit"),
         donate_argnums=(1,))
 
   def compiled_programs(self) -> int:
@@ -255,6 +269,12 @@ class Sampler:
         params, self._cache(b, s), tokens, lengths, self._stop_array(stop_ids, b), rng,
         jnp.float32(sampling.temperature), max_new_tokens=sampling.max_new_tokens,
         top_k=sampling.top_k, top_p=float(sampling.top_p), greedy=sampling.greedy,
-        pad_id=self.pad_id, rules=self.rules)
+        pad_id=self.pad_id, rules=self.rules, vocab_limit=self.vocab_limit)
     self._caches[(b, s)] = cache
     return out
+
+
+# gin: `SamplingParams.max_new_tokens = 32`, `run.sampling = @SamplingParams()`.
+import gin  # noqa: E402
+
+gin.external_configurable(SamplingParams, module="sampling")

@@ -165,3 +165,19 @@ def test_bad_input_is_a_clear_error(model):
     SamplingParams(max_new_tokens=0)
   with pytest.raises(ValueError, match="temperature"):
     SamplingParams(temperature=0.0)
+
+
+def test_vocab_limit_is_never_exceeded(model, prompts):
+  limit = 17
+  sampler = Sampler(model, pad_id=PAD, vocab_limit=limit)
+  out = sampler(nnx.state(model), left_pad(prompts, PAD), jax.random.key(4),
+                sampling=SamplingParams(max_new_tokens=12, temperature=2.0))
+  assert np.asarray(out.tokens).max() < limit
+  # Log-probs are normalized over the allowed ids only.
+  comp = np.asarray(out.tokens)[0, :int(out.lengths[0])]
+  seq = jnp.array([prompts[0] + list(comp)])
+  logits = model.forward_logits(seq)[0, :, :limit] / 2.0
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  idx = np.arange(len(prompts[0]) - 1, len(prompts[0]) + len(comp) - 1)
+  np.testing.assert_allclose(np.asarray(out.logprobs)[0, :len(comp)],
+                             np.asarray(logp[idx, comp]), atol=1e-4)

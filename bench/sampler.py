@@ -1,0 +1,129 @@
+r"""Sampler throughput: ours vs transformers `generate` on the same weights.
+
+  python bench/sampler.py --json out.json
+
+Builds one tiny Llama (4 layers, d_model 256, 8 heads, 2 kv heads, vocab 8192) with
+torch, saves it in HF format, loads the same weights into our model, and generates 128
+new tokens (no early stop) for 64-token prompts at batch 16 and 64, greedy and
+temperature 1.0. Reports steady-state tokens/s (compile measured apart), the speedup, and
+the decode FLOP rate as a fraction of the f32 matmul peak measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from bench.common import machine, matmul_peak_gflops, median_time, write_json  # noqa: E402
+from evotrainer.model.hf import load_hf_checkpoint  # noqa: E402
+from evotrainer.sampling import Sampler, SamplingParams, left_pad  # noqa: E402
+
+VOCAB, HIDDEN, INTER, LAYERS, HEADS, KV = 8192, 256, 704, 4, 8, 2
+
+
+def build_checkpoint(path: str) -> None:
+  import torch
+  import transformers
+  torch.manual_seed(0)
+  cfg = transformers.LlamaConfig(
+      vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER,
+      num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV,
+      max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=False)
+  transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)
+
+
+def bench_transformers(path, prompts, new_tokens, greedy, repeats):
+  import torch
+  import transformers
+  torch.set_num_threads(os.cpu_count() or 1)
+  model = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+  ids = torch.tensor(prompts)
+  mask = torch.ones_like(ids)
+
+  def go():
+    with torch.no_grad():
+      out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens,
+                           min_new_tokens=new_tokens, do_sample=not greedy,
+                           temperature=1.0 if not greedy else None, top_k=0, top_p=1.0,
+                           use_cache=True, pad_token_id=0, eos_token_id=None)
+    assert out.shape[1] == ids.shape[1] + new_tokens
+
+  t = time.perf_counter()
+  go()
+  first = time.perf_counter() - t
+  return median_time(go, repeats), first
+
+
+def bench_ours(model, prompts, new_tokens, greedy, repeats):
+  sampler = Sampler(model, pad_id=0)
+  batch = left_pad(prompts, 0)
+  params = nnx.state(model)
+  sp = SamplingParams(max_new_tokens=new_tokens, greedy=greedy, temperature=1.0)
+  keys = iter(range(10**6))
+
+  def go():
+    out = sampler(params, batch, jax.random.key(next(keys)), stop_ids=None, sampling=sp)
+    out.tokens.block_until_ready()
+    assert int(np.asarray(out.lengths).min()) == new_tokens
+
+  t = time.perf_counter()
+  go()
+  first = time.perf_counter() - t
+  steady = median_time(go, repeats)
+  return steady, first - steady
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--json", help="write results here")
+  ap.add_argument("--batches", default="16,64")
+  ap.add_argument("--prompt_len", type=int, default=64)
+  ap.add_argument("--new_tokens", type=int, default=128)
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--skip_transformers", action="store_true")
+  args = ap.parse_args()
+
+  peak = matmul_peak_gflops()
+  print(f"f32 matmul peak: {peak:.1f} GFLOP/s", flush=True)
+  rows = []
+  with tempfile.TemporaryDirectory() as d:
+    build_checkpoint(d)
+    model = load_hf_checkpoint(d)
+    cfg = model.config
+    rng = np.random.default_rng(0)
+    for b in map(int, args.batches.split(",")):
+      prompts = rng.integers(1, VOCAB, size=(b, args.prompt_len)).tolist()
+      for greedy in (True, False):
+        ours_s, compile_s = bench_ours(model, prompts, args.new_tokens, greedy, args.repeats)
+        n_tok = b * args.new_tokens
+        # Decode FLOPs: each new token's forward at its context length.
+        flops = b * sum(cfg.flops_per_token(args.prompt_len + t)
+                        for t in range(args.new_tokens))
+        row = {"batch": b, "mode": "greedy" if greedy else "temperature_1.0",
+               "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
+               "ours_tokens_per_s": round(n_tok / ours_s, 1),
+               "ours_ms_per_step": round(1000 * ours_s / args.new_tokens, 2),
+               "compile_s": round(compile_s, 2),
+               "decode_flops_fraction_of_peak": round(flops / ours_s / 1e9 / peak, 3)}
+        if not args.skip_transformers:
+          hf_s, _ = bench_transformers(d, prompts, args.new_tokens, greedy, args.repeats)
+          row["transformers_tokens_per_s"] = round(n_tok / hf_s, 1)
+          row["transformers_ms_per_step"] = round(1000 * hf_s / args.new_tokens, 2)
+          row["speedup"] = round(hf_s / ours_s, 2)
+        print(row, flush=True)
+        rows.append(row)
+  write_json(args.json, {"benchmark": "sampler", "peak_gflops_per_s": round(peak, 1),
+                         "machine": machine(), "results": rows})
+
+
+if __name__ == "__main__":
+  main()

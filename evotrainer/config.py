@@ -1,0 +1,105 @@
+"""gin: search paths, parsing with errors a user can act on, the operative config on disk."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import pathlib
+import sys
+from typing import Sequence
+
+import gin
+
+REPO_GIN_DIR = pathlib.Path(__file__).resolve().parent.parent / "gin"
+# Where `pip install` puts the gin files (setup.py data_files: share/evotrainer/gin).
+INSTALLED_GIN_DIR = pathlib.Path(sys.prefix) / "share" / "evotrainer" / "gin"
+
+
+class ConfigError(ValueError):
+  """A gin file or binding could not be used; the message names it."""
+
+
+def gin_search_paths(extra: Sequence[str] = ()) -> list[str]:
+  """Directories searched for gin files and `include`s, in order."""
+  paths = [os.getcwd(), *extra]
+  for d in (REPO_GIN_DIR, INSTALLED_GIN_DIR):
+    if d.is_dir():
+      paths += [str(d), str(d.parent)]
+  out = []
+  for p in paths:
+    if p not in out:
+      out.append(p)
+  return out
+
+
+def import_modules(names: Sequence[str]) -> None:
+  """Imports user modules (`--import=my.module`) so their gin configurables exist."""
+  for name in names:
+    try:
+      importlib.import_module(name)
+    except ImportError as e:
+      raise ConfigError(f"--import={name}: {e}") from None
+
+
+def register_builtins() -> None:
+  """Imports every module that defines gin configurables, so any gin file can name them."""
+  import evotrainer.model.config  # noqa: F401
+  import evotrainer.model.source  # noqa: F401
+  import evotrainer.run  # noqa: F401
+  import evotrainer.sampling.sampler  # noqa: F401
+  import evotrainer.sharding.mesh  # noqa: F401
+  import evotrainer.tasks.math  # noqa: F401
+  import evotrainer.tokenizers  # noqa: F401
+
+
+class _QuietSearch(logging.Filter):
+  """gin logs an error for every search path a file is *not* in; only the miss matters."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Path not found")
+
+
+def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
+          search_paths: Sequence[str] = (), finalize: bool = True) -> None:
+  """Parses gin files then bindings; raises ConfigError naming the file or binding."""
+  register_builtins()
+  gin.clear_config()
+  for p in gin_search_paths(search_paths):
+    gin.add_config_file_search_path(p)
+  if not gin_files:
+    raise ConfigError("no --gin_file given (try --gin_file=gin/math.gin)")
+  quiet = _QuietSearch()
+  logging.getLogger().addFilter(quiet)
+  try:
+    _parse(gin_files, bindings, search_paths)
+  finally:
+    logging.getLogger().removeFilter(quiet)
+  if finalize:
+    gin.finalize()
+
+
+def _parse(gin_files, bindings, search_paths) -> None:
+  for f in gin_files:
+    try:
+      gin.parse_config_file(f)
+    except IOError as e:
+      raise ConfigError(f"gin file {f!r} not found (searched: "
+                        f"{', '.join(gin_search_paths(search_paths))}): {e}") from None
+    except Exception as e:  # gin reports file:line in its message
+      raise ConfigError(f"in gin file {f!r}: {e}") from None
+  for b in bindings:
+    try:
+      gin.parse_config(b)
+    except Exception as e:
+      raise ConfigError(f"in --gin_bindings {b!r}: {e}") from None
+
+
+def write_operative_config(directory: str | os.PathLike, name: str = "operative_config.gin") -> str:
+  """Writes the bindings actually used so far (call after the run built its objects)."""
+  path = pathlib.Path(directory) / name
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(gin.operative_config_str())
+  os.replace(tmp, path)
+  return str(path)

@@ -1,0 +1,61 @@
+"""Where the policy comes from: a local Hugging Face checkpoint, or a tiny model from gin.
+
+gin:
+  policy.hf_dir = '/path/to/Qwen3-0.6B'   # config.json + safetensors + tokenizer files
+or (the CPU default, gin/model/tiny.gin):
+  policy.config = @ModelConfig()           # with ModelConfig.* bindings
+  make_tokenizer.vocab_size = 512          # sentencepiece trained on the task's text
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable, Optional
+
+import gin
+from flax import nnx
+
+from evotrainer.model.config import ModelConfig
+from evotrainer.model.hf import load_hf_checkpoint
+from evotrainer.model.transformer import Transformer
+from evotrainer.sharding.mesh import create_model
+from evotrainer.sharding.rules import LEARNER_RULES, Rules
+from evotrainer.tokenizers import HFTokenizer, Tokenizer, make_tokenizer
+
+
+@gin.configurable(module="model")
+def policy(texts: Optional[Iterable[str]] = None, mesh=None, rules: Rules = LEARNER_RULES, *,
+           hf_dir: Optional[str] = None, config: Optional[ModelConfig] = None,
+           seed: int = 0, param_dtype: Optional[str] = None, dtype: Optional[str] = None,
+           remat: Optional[bool] = None) -> tuple[Transformer, Tokenizer]:
+  """Builds (model, tokenizer), parameters placed on `mesh` by `rules`.
+
+  Args:
+    texts: task text for training a sentencepiece tokenizer (ignored with `hf_dir`).
+    mesh, rules: where the parameters go.
+    hf_dir: a local Hugging Face checkpoint directory; weights and tokenizer come from it.
+    config: the ModelConfig of a model trained from scratch (random initialization).
+    seed: initialization seed for a model built from `config`.
+    param_dtype, dtype, remat: overrides for an HF checkpoint's ModelConfig.
+  """
+  if hf_dir:
+    tokenizer = HFTokenizer.from_dir(hf_dir)
+    overrides = {k: v for k, v in dict(param_dtype=param_dtype, dtype=dtype,
+                                       remat=remat).items() if v is not None}
+    model = load_hf_checkpoint(hf_dir, mesh=mesh, rules=rules, **overrides)
+    logging.info("loaded %s (%d parameters)", hf_dir, model.config.num_params())
+  else:
+    if config is None:
+      raise ValueError("no model: set policy.hf_dir (a local HF checkpoint) or "
+                       "policy.config = @ModelConfig() (see gin/model/tiny.gin)")
+    if texts is None:
+      raise ValueError("a model trained from scratch needs task text for its tokenizer")
+    tokenizer = make_tokenizer(texts=texts)
+    model = (create_model(config, mesh, rules, seed) if mesh is not None
+             else Transformer(config, rngs=nnx.Rngs(seed)))
+  if tokenizer.vocab_size > model.config.vocab_size:
+    raise ValueError(
+        f"tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is "
+        f"{model.config.vocab_size}: raise ModelConfig.vocab_size or lower "
+        f"make_tokenizer.vocab_size")
+  return model, tokenizer
