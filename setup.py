@@ -38,10 +38,6 @@ EXTRAS = {
 }
 
 
-def _gin_files():
-  return [str(p.relative_to(HERE)) for p in sorted((HERE / "gin").rglob("*.gin"))]
-
-
 setup(
     name="evotrainer",
     version="0.1.0",
@@ -49,10 +45,11 @@ setup(
     long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=find_packages(include=["evotrainer", "evotrainer.*"]),
+    # gin/ ships inside the installed package as evotrainer/_gin (config.py searches it).
+    packages=find_packages(include=["evotrainer", "evotrainer.*"]) + ["evotrainer._gin"],
+    package_dir={"evotrainer._gin": "gin"},
+    package_data={"evotrainer._gin": ["*.gin", "*/*.gin"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
-    # gin/ ships inside the package as evotrainer/gin_configs via data_files-like mapping.
-    data_files=[("share/evotrainer/" + str(pathlib.Path(f).parent), [f]) for f in _gin_files()],
     entry_points={"console_scripts": ["evotrainer=evotrainer.launch:run_main"]},
 )

@@ -6,14 +6,13 @@ import importlib
 import logging
 import os
 import pathlib
-import sys
 from typing import Sequence
 
 import gin
 
 REPO_GIN_DIR = pathlib.Path(__file__).resolve().parent.parent / "gin"
-# Where `pip install` puts the gin files (setup.py data_files: share/evotrainer/gin).
-INSTALLED_GIN_DIR = pathlib.Path(sys.prefix) / "share" / "evotrainer" / "gin"
+# Where a non-editable `pip install` puts gin/ (setup.py: package evotrainer._gin).
+INSTALLED_GIN_DIR = pathlib.Path(__file__).resolve().parent / "_gin"
 
 
 class ConfigError(ValueError):
