@@ -62,7 +62,7 @@ class DecodeState:
   logprobs: jax.Array  # [B, N] float32: log-probs of generated ids, 0 elsewhere
   done: jax.Array  # [B] bool: row has emitted a stop id
   lengths: jax.Array  # [B] int32: generated tokens per row, stop id included
-  cache: KVCache  # per layer [B, P + N, KV, D]
+  cache: KVCache  # per layer [B, KV, P + N, D]
   rng: jax.Array  # PRNG key
 
 

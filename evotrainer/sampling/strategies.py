@@ -33,6 +33,22 @@ def top_p_mask(logits: jax.Array, p: float) -> jax.Array:
   return jnp.where(logits >= threshold, logits, NEG)
 
 
+def inverse_cdf_sample(rng: jax.Array, logits: jax.Array) -> jax.Array:
+  """One draw per row from softmax(logits) [B, V] -> [B] int32.
+
+  Inverse-CDF with one uniform per row, instead of `jax.random.categorical`'s Gumbel
+  noise over the whole vocabulary: one random number per row rather than V (the random
+  bits dominated a CPU decode step). A token of probability 0 is never returned: the
+  chosen index is the first whose cumulative mass exceeds u * total, and the mass
+  strictly grows there.
+  """
+  probs = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))  # [B, V]
+  cdf = jnp.cumsum(probs, axis=-1)
+  u = jax.random.uniform(rng, (logits.shape[0], 1), jnp.float32) * cdf[:, -1:]
+  ids = jnp.sum((cdf <= u).astype(jnp.int32), axis=-1)
+  return jnp.minimum(ids, logits.shape[-1] - 1)
+
+
 def select(logits: jax.Array, rng: jax.Array, temperature: jax.Array, *, top_k: int = 0,
            top_p: float = 1.0, greedy: bool = False):
   """Chooses one token per row.
@@ -60,6 +76,6 @@ def select(logits: jax.Array, rng: jax.Array, temperature: jax.Array, *, top_k: 
       filtered = top_k_mask(filtered, top_k)
     if top_p < 1.0:
       filtered = top_p_mask(filtered, top_p)
-    ids = jax.random.categorical(rng, filtered, axis=-1).astype(jnp.int32)
+    ids = inverse_cdf_sample(rng, filtered)
   chosen = jnp.take_along_axis(logp, ids[:, None], axis=-1)[:, 0]
   return ids, chosen
