@@ -46,3 +46,26 @@ class Rollouts:
     """[B, N] bool: the model's own tokens (all of them, for single-turn rollouts)."""
     n = self.tokens.shape[1]
     return np.arange(n)[None, :] < np.asarray(self.lengths)[:, None]
+
+
+@flax.struct.dataclass
+class TrainBatch:
+  """What the learner consumes (host → device).
+
+  The sequence is the sampler's layout: the left-padded prompt [B, P] followed by the
+  completion [B, N]. The model's prediction of completion token j comes from position
+  P - 1 + j, so the LM head runs on N positions per row, never on the prompt.
+  """
+
+  prompt_tokens: jax.Array | np.ndarray  # [B, P] int32, left-padded
+  prompt_lengths: jax.Array | np.ndarray  # [B] int32
+  completion_tokens: jax.Array | np.ndarray  # [B, N] int32
+  loss_mask: jax.Array | np.ndarray  # [B, N] bool: tokens the policy is trained on
+  advantages: jax.Array | np.ndarray  # [B] or [B, N] float32
+  old_logprobs: jax.Array | np.ndarray  # [B, N] float32 (sampler's log-probs)
+  ref_logprobs: Optional[jax.Array | np.ndarray] = None  # [B, N] float32, frozen reference
+  completion_lengths: Optional[jax.Array | np.ndarray] = None  # [B] int32
+
+  @property
+  def batch_size(self) -> int:
+    return self.prompt_tokens.shape[0]
