@@ -40,27 +40,30 @@ _zeros = nnx.initializers.zeros
 
 @flax.struct.dataclass
 class KVCache:
-  """Per-layer keys and values. k, v: tuples of [B, KV, S, D], one entry per layer."""
+  """Per-layer keys [B, KV, D, S] (transposed) and values [B, KV, S, D]."""
 
   k: Tuple[Array, ...]
   v: Tuple[Array, ...]
 
   @property
   def length(self) -> int:
-    return self.k[0].shape[2]
+    return self.k[0].shape[3]
 
 
-CACHE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
+# Keys are cached transposed ([B, KV, D, S]) so that decode's q·K is a plain
+# [G, D] x [D, S] product per (row, kv head); values stay [B, KV, S, D] for p·V.
+K_CACHE_AXES = ("batch", "kv_heads", "head_dim", "cache_length")
+V_CACHE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
 Q_AXES = ("batch", "kv_heads", None, "length", "head_dim")
 
 
 def init_cache(config: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:
   """A zeroed cache for `batch` rows and `length` positions."""
   dtype = dtype or config.jnp_dtype
-  shape = (batch, config.num_kv_heads, length, config.head_dim)
-  zeros = lambda: tuple(constrain(jnp.zeros(shape, dtype), CACHE_AXES)
-                        for _ in range(config.num_layers))
-  return KVCache(k=zeros(), v=zeros())
+  kv, d, n = config.num_kv_heads, config.head_dim, config.num_layers
+  k = tuple(constrain(jnp.zeros((batch, kv, d, length), dtype), K_CACHE_AXES) for _ in range(n))
+  v = tuple(constrain(jnp.zeros((batch, kv, length, d), dtype), V_CACHE_AXES) for _ in range(n))
+  return KVCache(k=k, v=v)
 
 
 def attention_mask(query_valid: Array, key_valid: Array, query_pos: Array,
@@ -163,13 +166,19 @@ class Attention(nnx.Module):
     e, h, d = c.hidden_size, c.num_heads, c.head_dim
     kvh = c.num_kv_heads
     g = h // kvh
-    q = jnp.einsum("bte,ekgd->bkgtd", x, self.q[...].astype(dt).reshape(e, kvh, g, d))
-    k = jnp.einsum("bte,ekd->bktd", x, self.k[...].astype(dt))
-    v = jnp.einsum("bte,ekd->bktd", x, self.v[...].astype(dt))
+    # Project in the weights' own layout, then move heads in front of length on the
+    # (small) activations: reshaping the kernels instead makes XLA copy them every step.
+    q = jnp.einsum("bte,ehd->bthd", x, self.q[...].astype(dt))
+    k = jnp.einsum("bte,ehd->bthd", x, self.k[...].astype(dt))
+    v = jnp.einsum("bte,ehd->bthd", x, self.v[...].astype(dt))
     if c.qkv_bias:
-      q = q + self.q_bias[...].astype(dt).reshape(kvh, g, 1, d)
-      k = k + self.k_bias[...].astype(dt)[:, None, :]
-      v = v + self.v_bias[...].astype(dt)[:, None, :]
+      q = q + self.q_bias[...].astype(dt)
+      k = k + self.k_bias[...].astype(dt)
+      v = v + self.v_bias[...].astype(dt)
+    b, t = x.shape[:2]
+    q = q.reshape(b, t, kvh, g, d).transpose(0, 2, 3, 1, 4)  # [B, KV, G, T, D]
+    k = k.transpose(0, 2, 1, 3)  # [B, KV, T, D]
+    v = v.transpose(0, 2, 1, 3)
     if c.qk_norm:
       q = self.q_norm(q)
       k = self.k_norm(k)
@@ -177,24 +186,30 @@ class Attention(nnx.Module):
     k = apply_rope(k, *rope)
     if cache is not None:
       ck, cv = cache
-      ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, cache_index, 0))
+      ck = jax.lax.dynamic_update_slice(ck, k.swapaxes(2, 3).astype(ck.dtype),
+                                        (0, 0, 0, cache_index))
       cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, cache_index, 0))
-      ck = constrain(ck, CACHE_AXES)
-      cv = constrain(cv, CACHE_AXES)
+      ck = constrain(ck, K_CACHE_AXES)
+      cv = constrain(cv, V_CACHE_AXES)
       cache = (ck, cv)
       # A mask as wide as the cache attends over it (decode); a mask as wide as the new
       # tokens attends over those alone (prefill: no work on empty slots).
-      if mask.shape[-1] == ck.shape[2]:
-        k, v = ck.astype(dt), cv.astype(dt)
-      elif mask.shape[-1] != k.shape[2]:
+      if mask.shape[-1] == ck.shape[3]:
+        scores = jnp.einsum("bkgtd,bkds->bkgts", q, ck.astype(dt))
+        v = cv.astype(dt)
+      elif mask.shape[-1] == k.shape[2]:
+        scores = jnp.einsum("bkgtd,bksd->bkgts", q, k)
+      else:
         raise ValueError(f"mask has {mask.shape[-1]} keys; expected the cache length "
-                         f"{ck.shape[2]} or the number of new tokens {k.shape[2]}")
-    scores = jnp.einsum("bkgtd,bksd->bkgts", q, k).astype(jnp.float32) / math.sqrt(d)
+                         f"{ck.shape[3]} or the number of new tokens {k.shape[2]}")
+    else:
+      scores = jnp.einsum("bkgtd,bksd->bkgts", q, k)
+    scores = scores.astype(jnp.float32) / math.sqrt(d)
     scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
     out = constrain(jnp.einsum("bkgts,bksd->bkgtd", probs, v), Q_AXES)
-    return jnp.einsum("bkgtd,kgde->bte", out,
-                      self.o[...].astype(dt).reshape(kvh, g, d, e)), cache
+    out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+    return jnp.einsum("bthd,hde->bte", out, self.o[...].astype(dt)), cache
 
 
 class MLP(nnx.Module):

@@ -42,11 +42,34 @@ def inverse_cdf_sample(rng: jax.Array, logits: jax.Array) -> jax.Array:
   chosen index is the first whose cumulative mass exceeds u * total, and the mass
   strictly grows there.
   """
+  b, v = logits.shape
   probs = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))  # [B, V]
-  cdf = jnp.cumsum(probs, axis=-1)
-  u = jax.random.uniform(rng, (logits.shape[0], 1), jnp.float32) * cdf[:, -1:]
-  ids = jnp.sum((cdf <= u).astype(jnp.int32), axis=-1)
-  return jnp.minimum(ids, logits.shape[-1] - 1)
+  u = jax.random.uniform(rng, (b, 1), jnp.float32)
+  block = _CDF_BLOCK if v % _CDF_BLOCK == 0 and v > _CDF_BLOCK else v
+  if block == v:
+    return _first_exceeding(jnp.cumsum(probs, axis=-1), u * jnp.sum(probs, -1, keepdims=True))
+  # Two levels (a long cumsum is slow on the CPU): pick the block, then the token in it.
+  blocks = probs.reshape(b, v // block, block)
+  block_cdf = jnp.cumsum(jnp.sum(blocks, axis=-1), axis=-1)  # [B, V / block]
+  target = u * block_cdf[:, -1:]
+  j = _first_exceeding(block_cdf, target)  # [B]
+  before = jnp.where(j > 0, jnp.take_along_axis(block_cdf, (j - 1)[:, None], -1)[:, 0], 0.0)
+  inner = jnp.take_along_axis(blocks, j[:, None, None], axis=1)[:, 0]  # [B, block]
+  inner_cdf = jnp.cumsum(inner, axis=-1)
+  # Rounding can make the block's own sum differ from the block-level difference; keep
+  # the target strictly below the block's mass so a zero-probability tail is never hit.
+  rest = jnp.minimum(target[:, 0] - before, inner_cdf[:, -1] * (1 - 2.0**-20))
+  within = _first_exceeding(inner_cdf, rest[:, None])
+  return j * block + within
+
+
+_CDF_BLOCK = 128
+
+
+def _first_exceeding(cdf: jax.Array, target: jax.Array) -> jax.Array:
+  """First index whose cumulative value exceeds target, clipped to the row. [B, K] -> [B]."""
+  ids = jnp.sum((cdf <= target).astype(jnp.int32), axis=-1)
+  return jnp.minimum(ids, cdf.shape[-1] - 1).astype(jnp.int32)
 
 
 def select(logits: jax.Array, rng: jax.Array, temperature: jax.Array, *, top_k: int = 0,
