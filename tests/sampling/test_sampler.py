@@ -30,10 +30,19 @@ def prompts():
 
 
 def naive_greedy(model, prompt, n, stop):
-  """Re-runs the full forward pass on the whole sequence for every new token."""
+  """Re-runs the full forward pass on the whole sequence for every new token.
+
+  The sequence is right-padded to a fixed width (padding is causal-masked away), so the
+  reference compiles once.
+  """
+  width = len(prompt) + n
+  forward = jax.jit(lambda toks, valid: model.forward_logits(toks, valid))
   seq = list(prompt)
   for _ in range(n):
-    nxt = int(jnp.argmax(model.forward_logits(jnp.array([seq]))[0, -1]))
+    toks = np.zeros((1, width), np.int32)
+    toks[0, :len(seq)] = seq
+    valid = np.arange(width)[None, :] < len(seq)
+    nxt = int(jnp.argmax(forward(toks, valid)[0, len(seq) - 1]))
     seq.append(nxt)
     if nxt in stop:
       break
