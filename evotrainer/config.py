@@ -23,7 +23,8 @@ def gin_search_paths(extra: Sequence[str] = ()) -> list[str]:
   """Directories searched for gin files and `include`s, in order."""
   paths = [os.getcwd(), *extra]
   for d in (REPO_GIN_DIR, INSTALLED_GIN_DIR):
-    if d.is_dir():
+    # Installed, <pkg>/../gin is site-packages/gin (the gin-config library): skip it.
+    if (d / "base.gin").is_file():
       paths += [str(d), str(d.parent)]
   out = []
   for p in paths:
