@@ -1,0 +1,263 @@
+"""The train step: teacher-forced log-probs vs the sampler and an unpadded reference,
+micro-batching vs the whole batch, no recompiles on knob changes, sharded vs one device,
+and a GRPO update that moves log-probs the way the advantages say."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from evotrainer.learner.losses import AGG_SEQ_MEAN_TOKEN_MEAN
+from evotrainer.learner.step import Learner, TrainState, completion_logprobs
+from evotrainer.model.config import ModelConfig
+from evotrainer.model.transformer import Transformer
+from evotrainer.sampling import Sampler, SamplingParams, left_pad
+from evotrainer.sharding.mesh import make_mesh
+from evotrainer.types import TrainBatch
+
+TOL = 1e-5
+B, PLEN, N, V = 8, 8, 6, 64
+PROMPT_LENGTHS = np.array([8, 1, 5, 3, 8, 2, 7, 4], np.int32)
+COMPLETION_LENGTHS = np.array([6, 1, 4, 6, 2, 5, 3, 6], np.int32)
+FILTERED_ROW = 5  # a row a harness filter dropped: loss mask all False
+
+# Adam's first update is ~lr * sign(g), which would compare gradient signs (unstable
+# where g ~ 0). With eps >> |g| it is lr / eps * g: with lr = eps the update is the
+# (clipped) gradient itself, so parameter comparisons below compare gradients.
+LINEAR_ADAM = dict(learning_rate=1e3, eps=1e3)
+
+
+def tiny_config() -> ModelConfig:
+  return ModelConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=8)
+
+
+@pytest.fixture(scope="module")
+def model():
+  return Transformer(tiny_config(), rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def params(model):
+  return nnx.state(model)
+
+
+@pytest.fixture(scope="module")
+def learner(model):
+  return Learner(model, **LINEAR_ADAM)
+
+
+@pytest.fixture(scope="module")
+def micro_learner(model):
+  return Learner(model, micro_batch_size=2, **LINEAR_ADAM)
+
+
+def token_batch(seed: int = 0) -> TrainBatch:
+  """Tokens and masks only (log-probs zero): lengths vary, pad id 0 fills the rest."""
+  rng = np.random.default_rng(seed)
+  prompt = np.zeros((B, PLEN), np.int32)
+  for i, length in enumerate(PROMPT_LENGTHS):
+    prompt[i, PLEN - length:] = rng.integers(1, V, length)
+  in_completion = np.arange(N)[None, :] < COMPLETION_LENGTHS[:, None]
+  completion = np.where(in_completion, rng.integers(1, V, (B, N)), 0).astype(np.int32)
+  loss_mask = in_completion.copy()
+  loss_mask[FILTERED_ROW] = False
+  zeros = np.zeros((B, N), np.float32)
+  return TrainBatch(prompt_tokens=prompt, prompt_lengths=PROMPT_LENGTHS,
+                    completion_tokens=completion, loss_mask=loss_mask,
+                    advantages=rng.normal(size=B).astype(np.float32), old_logprobs=zeros,
+                    ref_logprobs=zeros, completion_lengths=COMPLETION_LENGTHS)
+
+
+@pytest.fixture(scope="module")
+def current_logprobs(learner, params):
+  """[B, N] log-probs of `token_batch()` under the initial parameters."""
+  return np.asarray(learner.reference_logprobs(params, token_batch()))
+
+
+def train_batch(current_logprobs, seed: int = 1) -> TrainBatch:
+  """Old and reference log-probs a little off the current ones: ratios != 1, some clipped."""
+  rng = np.random.default_rng(seed)
+  mask = token_batch().loss_mask
+  old = current_logprobs + np.where(mask, rng.normal(0, 0.3, (B, N)), 0.0)
+  ref = current_logprobs + np.where(mask, rng.normal(0, 0.3, (B, N)), 0.0)
+  return token_batch().replace(old_logprobs=old.astype(np.float32),
+                               ref_logprobs=ref.astype(np.float32))
+
+
+def max_abs_diff(a, b) -> float:
+  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+# ---- completion_logprobs --------------------------------------------------------------
+
+
+def test_completion_logprobs_equal_sampler_logprobs(model, params):
+  vocab_limit = 48
+  prompts = [list(np.random.default_rng(i).integers(1, vocab_limit, n))
+             for i, n in enumerate(PROMPT_LENGTHS)]
+  prompt_batch = left_pad(prompts, pad_id=0, buckets=(PLEN,))
+  sampler = Sampler(model, pad_id=0, vocab_limit=vocab_limit, max_stop_ids=8)
+  out = sampler(params, prompt_batch, jax.random.key(3), stop_ids=[1, 2, 3, 4, 5, 6],
+                sampling=SamplingParams(max_new_tokens=N, temperature=1.0))
+  batch = TrainBatch(prompt_tokens=prompt_batch.tokens, prompt_lengths=prompt_batch.lengths,
+                     completion_tokens=out.tokens, loss_mask=out.loss_mask,
+                     advantages=np.zeros(B, np.float32), old_logprobs=out.logprobs,
+                     completion_lengths=out.lengths)
+  graphdef = nnx.graphdef(model)
+  logp, ent = jax.jit(lambda s, b: completion_logprobs(
+      nnx.merge(graphdef, s), b, vocab_limit=vocab_limit, with_entropy=True))(params, batch)
+
+  lengths = np.asarray(out.lengths)
+  assert lengths.min() < N, "want some rows stopped early (test is weaker otherwise)"
+  diff = np.max(np.abs(np.asarray(logp) - np.asarray(out.logprobs)))
+  print(f"learner vs sampler log-probs: max abs diff {diff:.3g}")
+  assert diff <= 1e-4
+  after_end = ~np.asarray(out.loss_mask)
+  assert np.all(np.asarray(logp)[after_end] == 0) and np.all(np.asarray(ent)[after_end] == 0)
+  # Entropy over the 48 allowed ids of a near-uniform random model: close to log 48.
+  ent_valid = np.asarray(ent)[~after_end]
+  assert np.all(ent_valid <= np.log(vocab_limit) + 1e-4)
+  assert np.all(ent_valid > np.log(vocab_limit) - 0.1)
+
+
+def test_completion_logprobs_equal_unpadded_forward(model):
+  batch = token_batch()
+  logp, ent = completion_logprobs(model, jax.tree.map(jnp.asarray, batch))
+  assert ent is None
+  # Reference: each row's prompt + completion starting at slot 0, no left padding; the
+  # rows are right-padded to one width only to run them in one call (causal attention:
+  # a token after the end cannot change the tokens before it).
+  seqs = [np.concatenate([batch.prompt_tokens[i, PLEN - PROMPT_LENGTHS[i]:],
+                          batch.completion_tokens[i, :COMPLETION_LENGTHS[i]]])
+          for i in range(B)]
+  width = max(len(s) for s in seqs)
+  tokens = np.array([np.pad(s, (0, width - len(s))) for s in seqs], np.int32)
+  valid = np.arange(width)[None, :] < np.array([len(s) for s in seqs])[:, None]
+  graphdef, state = nnx.split(model)
+  ref = np.asarray(jax.jit(lambda s, t, v: jax.nn.log_softmax(
+      nnx.merge(graphdef, s).forward_logits(t, v), -1))(state, tokens, valid))  # [B, T, V]
+  for i in range(B):
+    completion = batch.completion_tokens[i, :COMPLETION_LENGTHS[i]]
+    rows = np.arange(PROMPT_LENGTHS[i] - 1, PROMPT_LENGTHS[i] - 1 + len(completion))
+    np.testing.assert_allclose(np.asarray(logp[i, :len(completion)]),
+                               ref[i, rows, completion], atol=TOL)
+    assert np.all(np.asarray(logp[i, len(completion):]) == 0)
+
+
+# ---- the step -----------------------------------------------------------------------
+
+
+def test_first_step_on_policy_has_unit_ratio(learner, params, current_logprobs):
+  batch = token_batch().replace(old_logprobs=current_logprobs)
+  state, metrics = learner.step(learner.init_state(params), batch, learner.hparams())
+  metrics = jax.device_get(metrics)
+  assert abs(metrics["ratio_mean"] - 1) <= TOL
+  assert abs(metrics["ratio_min"] - 1) <= TOL and abs(metrics["ratio_max"] - 1) <= TOL
+  assert metrics["clip_frac_low"] == 0 and metrics["clip_frac_high"] == 0
+  assert abs(metrics["approx_kl"]) <= TOL
+  assert metrics["num_tokens"] == token_batch().loss_mask.sum()
+  assert metrics["grad_norm"] > 0 and int(state.step) == 1
+
+
+@pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batched_step_equals_full_batch(learner, micro_learner, params,
+                                              current_logprobs, agg_mode):
+  batch = train_batch(current_logprobs)
+  hp = dict(agg_mode=agg_mode, kl_coef=0.1, entropy_coef=0.01)
+  full, m_full = learner.step(learner.init_state(params), batch, learner.hparams(**hp))
+  micro, m_micro = micro_learner.step(micro_learner.init_state(params), batch,
+                                      micro_learner.hparams(**hp))
+  diff = max_abs_diff(micro.params, full.params)
+  moved = max_abs_diff(full.params, params)
+  print(f"{agg_mode}: micro vs full params max abs diff {diff:.3g} (update size {moved:.3g})")
+  assert diff <= TOL
+  assert moved > 1e-3  # the update is not vacuous
+  for k in m_full:
+    assert abs(float(m_micro[k]) - float(m_full[k])) <= TOL * max(1.0, abs(float(m_full[k]))), k
+  assert float(m_full["clip_frac_low"]) + float(m_full["clip_frac_high"]) > 0
+
+
+def test_knob_changes_do_not_recompile(learner, params, current_logprobs):
+  batch = train_batch(current_logprobs)
+  state = learner.init_state(params)
+  losses = []
+  for hp in [dict(),
+             dict(clip_low=0.1, clip_high=0.5),
+             dict(kl_coef=0.5, kl_kind="k2"),
+             dict(entropy_coef=0.1),
+             dict(agg_mode=AGG_SEQ_MEAN_TOKEN_MEAN),
+             dict(agg_mode="seq-mean-token-sum-norm", dual_clip_c=3.0, seq_level=1),
+             dict(lr_scale=0.5)]:
+    state, metrics = learner.step(state, batch, learner.hparams(**hp))
+    losses.append(float(metrics["loss"]))
+  assert learner.compiled_programs() == 1
+  assert len(set(losses)) == len(losses)  # every knob reached the loss
+  assert float(metrics["lr"]) == pytest.approx(0.5 * LINEAR_ADAM["learning_rate"])
+
+
+def test_zero_lr_scale_leaves_params_unchanged(learner, params, current_logprobs):
+  state = learner.init_state(params)
+  state, metrics = learner.step(state, train_batch(current_logprobs),
+                                learner.hparams(lr_scale=0.0))
+  assert max_abs_diff(state.params, params) == 0
+  assert float(metrics["grad_norm"]) > 0 and float(metrics["lr"]) == 0
+
+
+def test_sharded_step_equals_single_device(model, learner, params, current_logprobs, devices):
+  mesh = make_mesh(data=2, fsdp=2, tensor=2)
+  sharded = Learner(model, mesh=mesh, micro_batch_size=4, **LINEAR_ADAM)
+  batch = train_batch(current_logprobs)
+  hp = dict(kl_coef=0.1, entropy_coef=0.01)
+  ref, m_ref = learner.step(learner.init_state(params), batch, learner.hparams(**hp))
+  state = sharded.init_state(params)
+  state, metrics = sharded.step(state, batch, sharded.hparams(**hp))
+
+  diff = max_abs_diff(state.params, ref.params)
+  print(f"sharded vs single-device params max abs diff {diff:.3g}")
+  assert diff <= TOL
+  assert max_abs_diff(state.opt_state, ref.opt_state) <= TOL
+  assert abs(float(metrics["loss"]) - float(m_ref["loss"])) <= TOL
+  # Parameters and Adam moments stay split over fsdp x tensor after the update.
+  gate = state.params["layers"][0]["mlp"]["gate"][...]
+  assert gate.sharding.spec == P("fsdp", "tensor")
+  moments = [x for x in jax.tree.leaves(state.opt_state) if x.shape == gate.shape]
+  assert len(moments) >= 2 * 2 * 2  # mu and nu of gate and up, in 2 layers
+  assert all(x.sharding.spec == P("fsdp", "tensor") for x in moments)
+  assert len(state.step.sharding.device_set) == 8
+
+
+def test_grpo_steps_move_logprobs_with_the_advantage(learner, params, current_logprobs):
+  advantages = np.zeros(B, np.float32)
+  advantages[[0, 3]] = [1.0, -1.0]  # two full-length completions
+  batch = token_batch().replace(old_logprobs=current_logprobs, advantages=advantages)
+  state = learner.init_state(params)
+  hp = learner.hparams(lr_scale=0.1)
+  for _ in range(3):
+    state, _ = learner.step(state, batch, hp)
+  after = np.asarray(learner.reference_logprobs(state.params, batch))
+  gain = (after - current_logprobs).sum(-1)  # [B], summed over each completion
+  print(f"log-prob change of the +1 row {gain[0]:.3g}, of the -1 row {gain[3]:.3g}")
+  assert gain[0] > 0.05
+  assert gain[3] < -0.05
+
+
+def test_bad_input_is_a_clear_error(model, micro_learner, params):
+  with pytest.raises(ValueError, match="agg_mode"):
+    Learner(model, agg_mode="mean")
+  with pytest.raises(ValueError, match="unknown"):
+    micro_learner.hparams(clip=0.3)
+  odd = jax.tree.map(lambda x: x[:3], token_batch())
+  with pytest.raises(ValueError, match="micro_batch_size=2"):
+    micro_learner.step(micro_learner.init_state(params), odd, micro_learner.hparams())
+
+
+def test_train_state_is_a_pytree(learner, params):
+  state = learner.init_state(params)
+  assert isinstance(state, TrainState)
+  leaves = jax.tree.leaves(state)
+  assert len(leaves) > len(jax.tree.leaves(params))
+  assert int(state.step) == 0
