@@ -53,6 +53,8 @@ def register_builtins() -> None:
   import evotrainer.tokenizers  # noqa: F401
   import evotrainer.train  # noqa: F401
   import evotrainer.learner.step  # noqa: F401
+  import evotrainer.learner.warmstart  # noqa: F401
+  import evotrainer.tasks.datasets  # noqa: F401
 
 
 class _QuietSearch(logging.Filter):

@@ -1,0 +1,319 @@
+"""Supervised warm start: a short, cached run of next-token training on solved examples.
+
+A model trained from scratch answers at chance, and RL from a policy that is never right
+gets no signal (every group of samples scores 0). So before RL the tiny CPU model is
+trained for a *fixed, small* number of steps on `prompt -> solution` pairs of the task,
+the loss on the completion tokens only (the prompt is context, as in RL). The budget is
+deliberately short: the policy should be right some of the time, not always, leaving
+the RL phase a measurable gap to close on the held-out split.
+
+Each example is laid out exactly as the sampler and the learner see a rollout: the
+prompt `bos + encode(format_prompt(p))`, left-padded, then the completion
+`encode(p.solution) + eos`, right-padded; log-probs come from the learner's
+`completion_logprobs` (same RoPE positions, same vocabulary limit as the sampler).
+
+The result is cached under `cache_dir`, keyed by a hash of everything it depends on: the
+model config and its initial parameters, the tokenizer, every training token, and the
+optimizer settings. A later run with the same inputs loads it (`checkpoint.save_model`
+/ `restore_params_into`) instead of training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+from jaxtyping import Array, Bool, Float
+from tqdm.auto import tqdm
+
+from evotrainer import checkpoint
+from evotrainer.learner import losses
+from evotrainer.learner.step import completion_logprobs
+from evotrainer.model.transformer import Transformer
+from evotrainer.sharding.mesh import opt_state_shardings, shard_batch, state_shardings
+from evotrainer.sharding.rules import LEARNER_RULES, Rules, use_rules
+from evotrainer.tasks.base import Problem
+from evotrainer.tokenizers import Tokenizer
+from evotrainer.types import TrainBatch
+
+log = logging.getLogger(__name__)
+
+# Bumped whenever the training recipe changes, so that old cache entries are not reused.
+_RECIPE_VERSION = 1
+_DEFAULT_CACHE_DIR = "~/.cache/evotrainer/warmstart"
+
+
+# ------------------------------------------------------------------ data
+
+
+def solution_batch(tokenizer: Tokenizer, prompts: Sequence[str],
+                   solutions: Sequence[str]) -> TrainBatch:
+  """Prompt/solution pairs in the rollout layout, padded to the longest of each.
+
+  Returns:
+    A `TrainBatch` with prompt_tokens [B, P] (bos + prompt, left-padded),
+    completion_tokens [B, N] (solution + eos, right-padded), completion_lengths [B],
+    loss_mask [B, N] (the completion tokens); advantages and old_logprobs are zeros.
+  """
+  if len(prompts) != len(solutions):
+    raise ValueError(f"{len(prompts)} prompts but {len(solutions)} solutions")
+  if tokenizer.bos_id is None:
+    rows_p = [tokenizer.encode(t) for t in prompts]
+  else:
+    rows_p = [[tokenizer.bos_id] + tokenizer.encode(t) for t in prompts]
+  rows_c = [tokenizer.encode(s) + [tokenizer.eos_id] for s in solutions]
+  b = len(rows_p)
+  p = max(len(r) for r in rows_p)
+  n = max(len(r) for r in rows_c)
+  prompt = np.full((b, p), tokenizer.pad_id, np.int32)
+  completion = np.full((b, n), tokenizer.pad_id, np.int32)
+  for i, (rp, rc) in enumerate(zip(rows_p, rows_c)):
+    if not rp:
+      raise ValueError(f"prompt {i} encodes to no tokens: {prompts[i]!r}")
+    prompt[i, p - len(rp):] = rp
+    completion[i, :len(rc)] = rc
+  lengths_c = np.asarray([len(r) for r in rows_c], np.int32)
+  mask = np.arange(n)[None, :] < lengths_c[:, None]
+  return TrainBatch(prompt_tokens=prompt,
+                    prompt_lengths=np.asarray([len(r) for r in rows_p], np.int32),
+                    completion_tokens=completion, loss_mask=mask,
+                    advantages=np.zeros((b,), np.float32),
+                    old_logprobs=np.zeros((b, n), np.float32),
+                    completion_lengths=lengths_c)
+
+
+def _rows(batch: TrainBatch, idx: np.ndarray) -> TrainBatch:
+  return jax.tree.map(lambda x: None if x is None else x[idx], batch)
+
+
+# ------------------------------------------------------------------ loss and step
+
+
+def supervised_loss(logprobs: Float[Array, "B N"],
+                    mask: Bool[Array, "B N"]) -> tuple[Float[Array, ""], dict]:
+  """Token-mean negative log-likelihood of the completion tokens (prompt excluded).
+
+  Returns:
+    (loss, {"nll": loss, "tokens": number of trained tokens}).
+  """
+  loss = losses.aggregate(-logprobs, mask, losses.AGG_TOKEN_MEAN)
+  return loss, {"nll": loss, "tokens": mask.astype(jnp.float32).sum()}
+
+
+def _optimizer(steps: int, learning_rate: float) -> optax.GradientTransformation:
+  warmup = max(1, min(20, steps // 10))
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, learning_rate, warmup_steps=warmup, decay_steps=max(steps, warmup + 1),
+      end_value=0.1 * learning_rate)
+  return optax.chain(optax.clip_by_global_norm(1.0),
+                     optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=0.0))
+
+
+def _train(model: Transformer, data: TrainBatch, *, steps: int, batch_size: int,
+           learning_rate: float, seed: int, vocab_limit: Optional[int],
+           mesh: Optional[Mesh], rules: Rules, check_every: int = 0,
+           stop: Optional[Callable[[nnx.State], bool]] = None) -> list[float]:
+  """Trains `model` in place for up to `steps` steps of `batch_size` rows.
+
+  Every `check_every` steps `stop(params)` may end training early. Returns the losses.
+  """
+  graphdef, params = nnx.split(model, nnx.Param)
+  tx = _optimizer(steps, learning_rate)
+  if mesh is not None:
+    param_shardings = state_shardings(params, mesh, rules)
+    abstract = jax.eval_shape(tx.init, params)
+    init = jax.jit(tx.init,
+                   out_shardings=opt_state_shardings(tx, abstract, param_shardings, mesh))
+  else:
+    init = jax.jit(tx.init)
+
+  def step(params, opt_state, batch: TrainBatch):
+    with use_rules(rules) if mesh is not None else contextlib.nullcontext():
+
+      def loss_fn(p):
+        logp, _ = completion_logprobs(nnx.merge(graphdef, p), batch,
+                                      vocab_limit=vocab_limit)
+        return supervised_loss(logp, batch.loss_mask.astype(bool))
+
+      (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, loss
+
+  step = jax.jit(step, donate_argnums=(0, 1))
+  rng = np.random.default_rng(seed)
+  n = data.prompt_tokens.shape[0]
+  order = rng.permutation(n)
+  pos = 0
+  history = []
+  with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+    opt_state = init(params)
+    for i in tqdm(range(steps), desc="warm start", unit="step", leave=False):
+      if stop is not None and check_every and i and i % check_every == 0 and stop(params):
+        break
+      if pos + batch_size > n:  # next epoch, reshuffled
+        order, pos = rng.permutation(n), 0
+      batch = _rows(data, order[pos:pos + batch_size])
+      pos += batch_size
+      batch = (shard_batch(batch, mesh, rules) if mesh is not None
+               else jax.tree.map(jnp.asarray, batch))
+      params, opt_state, loss = step(params, opt_state, batch)
+      history.append(loss)
+  nnx.update(model, params)
+  return [float(x) for x in jax.device_get(history)]
+
+
+# ------------------------------------------------------------------ cache key
+
+
+def _tokenizer_identity(tokenizer: Tokenizer) -> str:
+  """The bytes that define the tokenizer: its model file, else its vocabulary."""
+  h = hashlib.sha256(type(tokenizer).__name__.encode())
+  model_file = getattr(tokenizer, "model_file", None)
+  if model_file and os.path.isfile(model_file):
+    with open(model_file, "rb") as f:
+      h.update(f.read())
+  else:
+    inner = getattr(tokenizer, "_tok", None)
+    vocab = inner.get_vocab() if hasattr(inner, "get_vocab") else {}
+    h.update(json.dumps(sorted(vocab.items()) or tokenizer.vocab_size).encode())
+  h.update(json.dumps([tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id]).encode())
+  return h.hexdigest()
+
+
+def cache_key(model: Transformer, tokenizer: Tokenizer, task: Any, data: TrainBatch,
+              settings: dict) -> str:
+  """sha256 of everything the warm-started parameters depend on."""
+  h = hashlib.sha256()
+  header = {"recipe": _RECIPE_VERSION, "config": checkpoint.config_to_json(model.config),
+            "init": checkpoint.fingerprint(nnx.state(model, nnx.Param)),
+            "tokenizer": _tokenizer_identity(tokenizer), "task": type(task).__name__,
+            **settings}
+  h.update(json.dumps(header, sort_keys=True).encode())
+  for x in (data.prompt_tokens, data.completion_tokens, data.prompt_lengths,
+            data.completion_lengths):
+    h.update(np.ascontiguousarray(x).tobytes())
+    h.update(repr(x.shape).encode())
+  return h.hexdigest()
+
+
+# ------------------------------------------------------------------ entry point
+
+
+@gin.configurable(module="learner")
+def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: int = 200,
+               batch_size: int = 64, learning_rate: float = 3e-3, seed: int = 0,
+               cache_dir: str = _DEFAULT_CACHE_DIR, mesh: Optional[Mesh] = None,
+               rules: Rules = LEARNER_RULES, max_problems: int = 8192,
+               target_accuracy: Optional[float] = None, check_every: int = 50,
+               check_problems: int = 128) -> Transformer:
+  """Trains `model` on the task's solved training problems, or loads the cached result.
+
+  Args:
+    model: the freshly initialized policy (updated in place and returned).
+    tokenizer: its tokenizer.
+    task: anything with `train_problems(n, seed)` and `format_prompt(problem)`.
+    steps: optimizer steps; 0 disables the warm start. Keep it short on purpose (see
+      the module docstring).
+    batch_size: rows per step (a multiple of the mesh's data x fsdp size).
+    learning_rate: peak of a warmup + cosine schedule (AdamW, clipped gradients).
+    seed: draws the problems and their order.
+    cache_dir: where warm-started models are kept (`~` expanded).
+    mesh, rules: where the batch goes; the parameters stay where they are.
+    max_problems: distinct problems drawn at most (`steps * batch_size` is cycled
+      through them), which bounds generation time for slow sources.
+    target_accuracy: stop as soon as the policy, sampled at temperature 1.0, solves this
+      share of `check_problems` *training* problems (never held-out ones), checked every
+      `check_every` steps; `steps` is then the cap. Where the model "gets" a task is
+      abrupt and differs between seeds, so a fixed step count gives anything from 5% to
+      75%; a target gives every seed the same starting point, with room left for RL.
+    check_every, check_problems: see `target_accuracy`.
+
+  Returns:
+    `model`, with warm-started parameters.
+  """
+  if steps <= 0:
+    return model
+  if batch_size <= 0 or learning_rate <= 0:
+    raise ValueError(f"warm_start: batch_size={batch_size} and learning_rate="
+                     f"{learning_rate} must be positive")
+  problems: list[Problem] = task.train_problems(min(steps * batch_size, max_problems), seed)
+  data = solution_batch(tokenizer, [task.format_prompt(p) for p in problems],
+                        [p.solution for p in problems])
+  vocab_limit = tokenizer.vocab_size
+  if vocab_limit > model.config.vocab_size:
+    raise ValueError(f"tokenizer has {vocab_limit} ids but the model's vocab_size is "
+                     f"{model.config.vocab_size}")
+  settings = {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate,
+              "seed": seed, "vocab_limit": vocab_limit, "target_accuracy": target_accuracy,
+              "check_every": check_every, "check_problems": check_problems}
+  key = cache_key(model, tokenizer, task, data, settings)
+  path = os.path.join(os.path.expanduser(cache_dir), f"warmstart-{key[:32]}")
+  if os.path.isdir(path):
+    try:
+      checkpoint.restore_params_into(path, model)
+      log.info("warm start: cache hit %s", path)
+      return model
+    except checkpoint.CheckpointError as e:
+      log.warning("warm start: cache entry %s is unusable (%s); training again", path, e)
+  start = time.time()
+  stop = None
+  checks: list = []
+  if target_accuracy is not None:
+    # Validation problems come from the training distribution, past the ones trained on.
+    val = task.train_problems(check_problems, seed + 104729)
+    stop = _accuracy_stop(model, tokenizer, task, val, target_accuracy, seed, mesh, checks)
+  history = _train(model, data, steps=steps, batch_size=batch_size,
+                   learning_rate=learning_rate, seed=seed, vocab_limit=vocab_limit,
+                   mesh=mesh, rules=rules, check_every=check_every, stop=stop)
+  seconds = time.time() - start
+  log.info("warm start: %d steps in %.1fs, loss %.3f -> %.3f; saved to %s", len(history),
+           seconds, history[0], history[-1], path)
+  meta = {"settings": settings, "problems": len(problems), "seconds": round(seconds, 2),
+          "steps_run": len(history), "checks": checks,
+          "losses": [round(x, 5) for x in history], "key": key}
+  try:
+    checkpoint.save_model(path, model, metadata=meta, overwrite=os.path.isdir(path))
+  except FileExistsError:  # another process finished the same warm start first
+    log.info("warm start: %s was written meanwhile; keeping it", path)
+  return model
+
+
+def _accuracy_stop(model: Transformer, tokenizer: Tokenizer, task: Any,
+                   problems: Sequence[Problem], target: float, seed: int,
+                   mesh: Optional[Mesh], record: list) -> Callable[[nnx.State], bool]:
+  """A `stop(params)` that samples one completion per problem at temperature 1.0."""
+  from evotrainer.sampling import Sampler, SamplingParams, left_pad
+
+  vocab_limit = tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None
+  sampler = Sampler(model, pad_id=tokenizer.pad_id, mesh=mesh, vocab_limit=vocab_limit)
+  batch = left_pad([tokenizer.encode(task.format_prompt(p), add_bos=True) for p in problems],
+                   tokenizer.pad_id)
+  longest = max(len(tokenizer.encode(p.solution)) for p in problems) + 1
+  sp = SamplingParams(max_new_tokens=longest, temperature=1.0)
+  calls = [0]
+
+  def stop(params: nnx.State) -> bool:
+    calls[0] += 1
+    out = sampler(params, batch, jax.random.key(seed * 7919 + calls[0]),
+                  stop_ids=tokenizer.stop_ids, sampling=sp)
+    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    texts = [tokenizer.decode([t for t in tokens[i, :lengths[i]].tolist()
+                               if t not in tokenizer.stop_ids]) for i in range(len(problems))]
+    acc = float(np.mean([s["correct"] for s in task.score_many(problems, texts)]))
+    record.append({"check": calls[0], "accuracy": acc})
+    log.info("warm start: check %d, sampled accuracy %.3f (target %.2f)", calls[0], acc, target)
+    return acc >= target
+
+  return stop
