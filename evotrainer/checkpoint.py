@@ -479,24 +479,24 @@ class Checkpoints:
     Raises ValueError if `step` already exists.
     """
     step = int(step)
-    self._manager.reload()
-    if step in self._manager.all_steps():
+    if step in self.all_steps():
       raise ValueError(f"step {step} is already saved in {self.directory}")
     args = _save_args(state, metadata)
     if not self._manager.save(step, args=args):
-      newest = self._manager.latest_step()
+      on_disk = sorted(ocp.path.step.checkpoint_steps(self.directory))
       raise CheckpointError(
           f"Orbax declined to save step {step} in {self.directory}: it saves only steps "
-          f"after the newest step directory ({newest}); incomplete ones "
-          f"{sorted(set(self._manager.all_steps()) - set(self.all_steps()))} can be removed")
+          f"after the newest step directory ({on_disk[-1] if on_disk else None}); "
+          f"incomplete ones {sorted(set(on_disk) - set(self.all_steps()))} can be removed")
     if not self._async:
       self._manager.wait_until_finished()
     return self._step_dir(step)
 
   def all_steps(self) -> list[int]:
-    """Complete steps, ascending."""
-    self._manager.reload()
-    steps = sorted(self._manager.all_steps())
+    """Complete steps, ascending, as on disk now (written by any process)."""
+    # Read from disk, not from the manager: `CheckpointManager.reload()` while a
+    # background save is in flight corrupts the manager's own list (and its GC).
+    steps = sorted(ocp.path.step.checkpoint_steps(self.directory))
     complete = [s for s in steps
                 if os.path.exists(os.path.join(self._step_dir(s), _COMMIT_FILE))]
     if len(complete) < len(steps):

@@ -315,3 +315,15 @@ def test_save_and_restore_model_bf16(tmp_path, devices):
                             np.asarray(model.embed[...], np.float32))
   with pytest.raises(ck.CheckpointError, match="no model checkpoint"):
     ck.restore_model(tmp_path / "missing")
+
+
+def test_async_save_then_restore(tmp_path):
+  _, params, opt_state = trained_state()
+  with ck.Checkpoints(tmp_path, max_to_keep=2, async_save=True) as ckpts:
+    for step in (1, 2, 3):
+      ckpts.save(step, {"params": params, "opt_state": opt_state}, {"step": step})
+    ckpts.wait()
+    assert ckpts.all_steps() == [2, 3]
+    state, meta = ckpts.restore(target={"params": params})
+  assert meta == {"step": 3}
+  assert_trees_equal(state["params"], params)
