@@ -69,3 +69,53 @@ class TrainBatch:
   @property
   def batch_size(self) -> int:
     return self.prompt_tokens.shape[0]
+
+
+@dataclasses.dataclass
+class Episode:
+  """One scored completion (host side): what the harness, diagnostics and store see.
+
+  Rows of one GRPO group share `group_id` and sit next to each other in a batch.
+  """
+
+  episode_id: str  # unique in a run: f"{version}/{step}/{row}"
+  group_id: int  # rows with the same prompt in one step
+  task_id: str  # the problem's id
+  prompt: str
+  completion: str  # decoded completion (stop token removed)
+  answer: str  # gold answer
+  reward_parts: dict  # {name: float}: the task's parts (correct, format, ...) + harness parts
+  reward: float = 0.0  # composed reward (set by the harness)
+  parsed_answer: Optional[str] = None  # what was extracted from the completion
+  info: dict = dataclasses.field(default_factory=dict)  # stop reason, tool calls, errors, ...
+  version: str = ""  # lineage version that produced it
+  step: int = 0  # training step (or -1 for evaluation)
+  split: str = "train"  # 'train' or 'heldout'
+  completion_ids: Optional[np.ndarray] = None  # [N_i] int32 completion tokens (stop included)
+  logprobs: Optional[np.ndarray] = None  # [N_i] float32 sampler log-probs
+  truncated: bool = False  # hit max_new_tokens before a stop token
+
+  @property
+  def length(self) -> int:
+    """Completion length in tokens (stop token included)."""
+    return 0 if self.completion_ids is None else int(len(self.completion_ids))
+
+
+LAYERS = ("score", "signal", "behaviour", "model", "efficiency", "integrity")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+  """A diagnostic's verdict on one metric: what was seen, how bad, and the evidence."""
+
+  kind: str  # the diagnostic's name, e.g. 'dead_group_ratio'
+  layer: str  # one of LAYERS
+  severity: float  # 0 (informational) .. 1 (blocking)
+  value: float  # the metric
+  threshold: float  # the threshold it was compared with
+  message: str  # one line a person can act on
+  evidence: tuple = ()  # ((episode_id, short snippet), ...)
+
+  def __post_init__(self):
+    if self.layer not in LAYERS:
+      raise ValueError(f"Finding.layer={self.layer!r}; expected one of {LAYERS}")

@@ -1,0 +1,1 @@
+"""The harness: reward parts and composer, filters, diagnostics, validators (gin components)."""
