@@ -12,10 +12,12 @@ step to resume exactly where a run stopped (same data position, same RNG stream)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
 import pathlib
+import threading
 import time
 from typing import Callable, Optional, Sequence
 
@@ -27,12 +29,14 @@ import tqdm
 from flax import nnx
 
 from evotrainer.checkpoint import Checkpoints
-from evotrainer.learner.advantages import ESTIMATORS
+from evotrainer.harness.diagnostics import run_diagnostics
+from evotrainer.harness.pipeline import Harness
 from evotrainer.learner.step import Learner, TrainState
+from evotrainer.rollouts.store import RolloutStore
 from evotrainer.sampling import Sampler, SamplingParams, left_pad
 from evotrainer.sharding.mesh import state_shardings
 from evotrainer.sharding.rules import SAMPLER_RULES
-from evotrainer.types import TrainBatch
+from evotrainer.types import Episode, TrainBatch
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,38 @@ class Generation:
 
   def part(self, name: str) -> np.ndarray:
     return np.array([s.get(name, 0.0) for s in self.scores], np.float32)
+
+  def episodes(self, task, *, version: str, step: int, split: str, group: int,
+               first_row: int = 0) -> list:
+    """One `Episode` per row; ids `version/split/step/row`, groups numbered per step."""
+    out = []
+    for i, p in enumerate(self.problems):
+      row = first_row + i
+      n = int(self.lengths[i])
+      out.append(Episode(
+          episode_id=f"{version}/{split}/{step}/{row}", group_id=row // group, task_id=p.id,
+          prompt=task.format_prompt(p), completion=self.texts[i], answer=p.answer,
+          reward_parts=dict(self.scores[i]), version=version, step=step, split=split,
+          completion_ids=self.tokens[i, :n].copy(), logprobs=self.logprobs[i, :n].copy(),
+          truncated=bool(self.truncated[i]), info={"stop": "max_tokens" if self.truncated[i]
+                                                   else "stop_token"}))
+    return out
+
+
+def merge(gens: Sequence[Generation]) -> Generation:
+  """Concatenates generation rounds (prompts re-padded on the left to one width)."""
+  if len(gens) == 1:
+    return gens[0]
+  width = max(g.prompt_tokens.shape[1] for g in gens)
+  # Left padding is masked by prompt_lengths, so its id does not matter.
+  pad = lambda g: np.pad(g.prompt_tokens, ((0, 0), (width - g.prompt_tokens.shape[1], 0)))
+  cat = lambda name: np.concatenate([getattr(g, name) for g in gens])
+  return Generation(
+      problems=[p for g in gens for p in g.problems],
+      prompt_tokens=np.concatenate([pad(g) for g in gens]), prompt_lengths=cat("prompt_lengths"),
+      tokens=cat("tokens"), logprobs=cat("logprobs"), lengths=cat("lengths"),
+      truncated=cat("truncated"), texts=[t for g in gens for t in g.texts],
+      scores=[s for g in gens for s in g.scores])
 
 
 class Rollout:
@@ -111,12 +147,11 @@ class EvalConfig:
 
 
 def evaluate(rollout: Rollout, params, heldout: Sequence, cfg: EvalConfig,
-             key: jax.Array) -> dict:
-  """{'avg8', 'pass8', 'greedy', 'format'} on the held-out problems (k in the names)."""
+             key: jax.Array, *, version: str = "v0", step: int = 0) -> tuple[dict, list]:
+  """Held-out figures {'avg{k}', 'pass{k}', 'greedy', 'format'} and the sampled episodes."""
   problems = list(heldout[:cfg.num_problems])
   per = max(1, cfg.batch_rows // cfg.k)
-  correct = []
-  fmt = []
+  correct, fmt, episodes = [], [], []
   sp = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
   for i in range(0, len(problems), per):
     chunk = problems[i:i + per]
@@ -124,6 +159,8 @@ def evaluate(rollout: Rollout, params, heldout: Sequence, cfg: EvalConfig,
                   pad_rows_to=per * cfg.k)
     correct.append(gen.part("correct").reshape(len(chunk), cfg.k))
     fmt.append(gen.part("format"))
+    episodes += gen.episodes(rollout.task, version=version, step=step, split="heldout",
+                             group=cfg.k, first_row=len(episodes))
   correct = np.concatenate(correct)
   greedy = []
   gp = SamplingParams(max_new_tokens=cfg.max_new_tokens, greedy=True)
@@ -132,15 +169,52 @@ def evaluate(rollout: Rollout, params, heldout: Sequence, cfg: EvalConfig,
     gen = rollout(params, chunk, 1, key, gp, pad_rows_to=cfg.batch_rows)
     greedy.append(gen.part("correct"))
   k = cfg.k
-  return {f"avg{k}": float(correct.mean()), f"pass{k}": float(correct.max(axis=1).mean()),
-          "greedy": float(np.concatenate(greedy).mean()),
-          "format": float(np.concatenate(fmt).mean())}
+  return ({f"avg{k}": float(correct.mean()), f"pass{k}": float(correct.max(axis=1).mean()),
+           "greedy": float(np.concatenate(greedy).mean()),
+           "format": float(np.concatenate(fmt).mean())}, episodes)
+
+
+class Background:
+  """One worker thread for host-side bookkeeping that the next RL step need not wait for
+  (diagnostics, the rollout store): it overlaps with the jitted step, which releases the
+  GIL. `flush()` waits for everything queued and re-raises the first error; the trainer
+  flushes before every checkpoint, so a checkpointed step always has its rollouts."""
+
+  def __init__(self):
+    import queue
+    self._queue = queue.Queue()
+    self._error: Optional[BaseException] = None
+    self._thread = threading.Thread(target=self._work, daemon=True, name="train-background")
+    self._thread.start()
+
+  def _work(self) -> None:
+    while True:
+      fn = self._queue.get()
+      try:
+        if self._error is None:
+          fn()
+      except BaseException as e:  # surfaced by flush()
+        self._error = e
+      finally:
+        self._queue.task_done()
+
+  def submit(self, fn: Callable[[], None]) -> None:
+    if self._error is not None:
+      self.flush()
+    self._queue.put(fn)
+
+  def flush(self) -> None:
+    self._queue.join()
+    if self._error is not None:
+      error, self._error = self._error, None
+      raise RuntimeError(f"background bookkeeping failed: {error}") from error
 
 
 class MetricWriter:
-  """Metrics as JSON lines (`metrics.jsonl`) and TensorBoard event files."""
+  """Metrics as JSON lines (`metrics.jsonl`) and TensorBoard event files (thread-safe)."""
 
   def __init__(self, workdir: str):
+    self._lock = threading.Lock()
     self.path = os.path.join(workdir, "metrics.jsonl")
     try:
       from tensorboardX import SummaryWriter
@@ -149,65 +223,89 @@ class MetricWriter:
       self.tb = None
 
   def write(self, step: int, metrics: dict) -> None:
-    with open(self.path, "a") as f:
-      f.write(json.dumps({"step": step, **metrics}) + "\n")
-    if self.tb is not None:
-      for k, v in metrics.items():
-        if isinstance(v, (int, float)):
-          self.tb.add_scalar(k, v, step)
-      self.tb.flush()
+    with self._lock:
+      with open(self.path, "a") as f:
+        f.write(json.dumps({"step": step, **metrics}) + "\n")
+      if self.tb is not None:
+        for k, v in metrics.items():
+          if isinstance(v, (int, float)):
+            self.tb.add_scalar(k, v, step)
+        self.tb.flush()
 
   def truncate_after(self, step: int) -> None:
     """Drops lines logged after `step` (work redone after a resume is not duplicated)."""
-    if not os.path.exists(self.path):
-      return
-    with open(self.path) as f:
-      keep = [l for l in f if l.strip() and json.loads(l)["step"] <= step]
-    with open(self.path, "w") as f:
-      f.writelines(keep)
+    truncate_jsonl(self.path, step)
+
+
+def truncate_after_findings(workdir: str, step: int) -> None:
+  truncate_jsonl(os.path.join(workdir, "findings.jsonl"), step)
+
+
+def truncate_jsonl(path: str, step: int) -> None:
+  """Keeps the lines of a JSON-lines log with `step <= step` (and drops a torn last line)."""
+  if not os.path.exists(path):
+    return
+  keep = []
+  with open(path) as f:
+    for line in f:
+      try:
+        if json.loads(line)["step"] <= step:
+          keep.append(line if line.endswith("\n") else line + "\n")
+      except (ValueError, KeyError):  # a line cut by a crash
+        continue
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.writelines(keep)
+  os.replace(tmp, path)
 
 
 @gin.configurable(module="train")
 def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
           steps: int = 100, prompts_per_step: int = 16, group_size: int = 8,
-          reward_weights: Optional[dict] = None, estimator: str = "grpo",
-          updates_per_batch: int = 1, sampling: Optional[SamplingParams] = None,
-          eval_every: int = 25, eval_config: Optional[EvalConfig] = None,
-          checkpoint_every: int = 25, max_to_keep: int = 2, time_limit_s: Optional[float] = None,
+          harness: Optional[Harness] = None, diagnostics: Optional[Sequence] = None,
+          version: str = "v0", updates_per_batch: int = 1,
+          sampling: Optional[SamplingParams] = None, eval_every: int = 25,
+          eval_config: Optional[EvalConfig] = None, checkpoint_every: int = 25,
+          max_to_keep: int = 2, store_rollouts: bool = True,
+          time_limit_s: Optional[float] = None,
           learner_factory: Callable[..., Learner] = Learner, progress: bool = True) -> dict:
   """Trains `model` with GRPO-family updates on `task`; resumes from `workdir` if possible.
 
   Args:
-    workdir: run directory (checkpoints/, metrics.jsonl, tensorboard/).
+    workdir: run directory (checkpoints/, rollouts/, metrics.jsonl, findings.jsonl,
+      tensorboard/).
     task: the domain (`train_problems`, `heldout_problems`, `format_prompt`, `score_many`).
     model, tokenizer: the policy (parameters are copied into the learner's state).
     mesh: device mesh, or None for the default device.
     seed: seed of the data order and of sampling.
     steps: RL steps (one batch of prompts each).
-    prompts_per_step, group_size: prompts per step and completions per prompt (G).
-    reward_weights: {reward part: weight}; the reward is the weighted sum of the task's
-      parts (default {'correct': 1.0}).
-    estimator: advantage estimator: 'grpo', 'dr_grpo' or 'rloo'.
+    prompts_per_step, group_size: groups in the training batch and completions per prompt.
+    harness: reward composition, filters and advantages (gin: `train.harness =
+      @Harness()`, see gin/harness/); default: reward = correctness, GRPO advantages.
+    diagnostics: diagnostics run on every step's episodes (findings.jsonl, `diag/*`
+      metrics); default none.
+    version: the lineage version this segment trains (names episodes and rollout files).
     updates_per_batch: optimizer updates on each batch (PPO epochs).
     sampling: rollout sampling parameters.
     eval_every: held-out evaluation interval in steps (also at the start and the end).
     eval_config: see EvalConfig.
     checkpoint_every: checkpoint interval in steps (and at the end).
     max_to_keep: checkpoints kept.
+    store_rollouts: write every training and evaluation episode to rollouts/ (Parquet).
     time_limit_s: stop early (with a checkpoint) after this many seconds of training.
     learner_factory: builds the Learner (gin: `Learner.*` knobs).
     progress: show a progress bar.
 
   Returns:
-    {'steps', 'wall_s', 'initial': {...}, 'final': {...}, 'history': [...]} with
-    held-out figures `avg{k}`, `pass{k}`, `greedy`.
+    {'steps', 'wall_s', 'initial', 'final', 'history', 'state', 'harness_share'}: held-out
+    figures `avg{k}`, `pass{k}`, `greedy` before and after, and the share of step time
+    spent in the harness and diagnostics.
   """
-  if estimator not in ESTIMATORS:
-    raise ValueError(f"train.estimator={estimator!r}; expected one of {sorted(ESTIMATORS)}")
   if steps < 0 or prompts_per_step < 1 or group_size < 2:
     raise ValueError("train: steps >= 0, prompts_per_step >= 1 and group_size >= 2 "
                      f"(got {steps}, {prompts_per_step}, {group_size})")
-  reward_weights = dict(reward_weights or {"correct": 1.0})
+  harness = harness if harness is not None else Harness()
+  diagnostics = list(diagnostics or [])
   sampling = sampling or SamplingParams()
   eval_config = eval_config or EvalConfig()
   start = time.time()
@@ -221,21 +319,31 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
   heldout = task.heldout_problems(eval_config.num_problems)
   eval_key = jax.random.key(seed + 7919)
   writer = MetricWriter(workdir)
+  store = RolloutStore(os.path.join(workdir, "rollouts")) if store_rollouts else None
   ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), max_to_keep=max_to_keep)
+  background = Background()
 
   state = learner.init_state(params0)
-  step0 = 0
-  history = []
-  initial = None
+  step0, history, initial = 0, [], None
   latest = ckpts.latest_step()
   if latest is not None:
     restored, meta = ckpts.restore(latest, target={"state": _abstract(state)})
     state = restored["state"]
     step0, initial, history = meta["step"], meta["initial"], meta["history"]
+    harness.load_state(meta.get("harness_state", {}), strict=False)
     writer.truncate_after(step0)
+    truncate_after_findings(workdir, step0)
     print(f"[train] resumed from step {step0} ({ckpts.directory})", flush=True)
+
+  def run_eval(step: int) -> dict:
+    ev, eps = evaluate(rollout, state.params, heldout, eval_config, eval_key, version=version,
+                       step=step)
+    if store is not None and not store.exists(version, step, "heldout"):
+      store.write(version, step, "heldout", eps, meta={"eval": ev})
+    return ev
+
   if initial is None:
-    initial = evaluate(rollout, state.params, heldout, eval_config, eval_key)
+    initial = run_eval(0)
     writer.write(0, {f"eval/{k}": v for k, v in initial.items()})
     print(f"[train] initial held-out: {_fmt(initial)}", flush=True)
 
@@ -245,55 +353,117 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
                   dynamic_ncols=True)
   step = step0
   t_train = time.time()
+  harness_s = total_s = 0.0
   while step < steps:
-    # 1. prompts (the data position is the step number).
-    problems = task.train_problems(prompts_per_step, seed=data_seed(seed, step))
-    # 2. sample G completions each and 3. score them.
-    key = jax.random.fold_in(base_key, step)
-    gen = rollout(state.params, problems, group_size, key, sampling)
-    rewards = sum(w * gen.part(name) for name, w in reward_weights.items())
-    # 4. advantages within each group of G.
-    adv = np.asarray(ESTIMATORS[estimator](jnp.asarray(rewards), group_size))
+    t_step = time.time()
+    # 1. prompts (the data position is the step number) -> 2. G samples each -> 3. scores.
+    #    With dynamic sampling, further rounds until enough groups carry a signal.
+    gens, episodes, out, rounds = [], [], None, 0
+    ds = harness.dynamic_sampling
+    want = prompts_per_step if ds is None else ds.groups_to_generate(prompts_per_step)
+    t_harness = 0.0
+    while want > 0:
+      problems = task.train_problems(want, seed=data_seed(seed, step) + 7_777_777 * rounds)
+      gen = rollout(state.params, problems, group_size,
+                    jax.random.fold_in(jax.random.fold_in(base_key, step), rounds), sampling)
+      t0 = time.time()
+      episodes += gen.episodes(task, version=version, step=step + 1, split="train",
+                               group=group_size, first_row=len(episodes))
+      gens.append(gen)
+      rounds += 1
+      if ds is None:
+        t_harness += time.time() - t0
+        break
+      out = harness.process(episodes, group_size, target_groups=prompts_per_step,
+                            update_state=False)
+      want = ds.groups_to_generate(prompts_per_step, len(episodes) // group_size,
+                                   int(out.metrics["groups/passed"]), rounds)
+      t_harness += time.time() - t0
+    gen = merge(gens)
+    # 4. harness: composed reward, filters, group advantages.
+    t0 = time.time()
+    out = harness.process(episodes, group_size,
+                          target_groups=prompts_per_step if ds is not None else None)
+    rows = out.batch
     batch = TrainBatch(
-        prompt_tokens=gen.prompt_tokens, prompt_lengths=gen.prompt_lengths,
-        completion_tokens=gen.tokens, loss_mask=_loss_mask(gen.lengths, gen.tokens.shape[1]),
-        advantages=adv.astype(np.float32), old_logprobs=gen.logprobs,
-        completion_lengths=gen.lengths)
+        prompt_tokens=gen.prompt_tokens[rows], prompt_lengths=gen.prompt_lengths[rows],
+        completion_tokens=gen.tokens[rows],
+        loss_mask=_loss_mask(gen.lengths[rows], gen.tokens.shape[1]) & out.keep[rows, None],
+        advantages=out.advantages[rows].astype(np.float32), old_logprobs=gen.logprobs[rows],
+        completion_lengths=gen.lengths[rows])
+    t_harness += time.time() - t0
     # 5. learner update(s).
     for _ in range(updates_per_batch):
       state, lm = learner.step(state, batch, hp)
+    lm = {k: float(v) for k, v in jax.device_get(lm).items()}
     step += 1
-    groups = rewards.reshape(-1, group_size)
-    metrics = {
-        "reward": float(rewards.mean()), "correct": float(gen.part("correct").mean()),
-        "format": float(gen.part("format").mean()),
-        "dead_group_ratio": float((groups.std(axis=1) == 0).mean()),
-        "length_mean": float(gen.lengths.mean()), "truncated": float(gen.truncated.mean()),
-        **{f"learner/{k}": float(v) for k, v in jax.device_get(lm).items()}}
+    # 6. diagnostics and the rollout store, on the background thread.
+    t0 = time.time()
+    metrics = {"correct": float(gen.part("correct").mean()),
+               "format": float(gen.part("format").mean()),
+               "length_mean": float(gen.lengths.mean()), "truncated": float(gen.truncated.mean()),
+               "rounds": rounds, **{f"harness/{k}": float(v) for k, v in out.metrics.items()},
+               **{f"learner/{k}": v for k, v in lm.items()}}
+    metrics["reward"] = float(out.rewards.mean())
+    background.submit(functools.partial(
+        _bookkeeping, workdir, writer, store, diagnostics, version, step, episodes, out,
+        lm, {"group_size": group_size, "target_groups": prompts_per_step,
+             "harness": harness.describe()}))
+    t_harness += time.time() - t0
+    harness_s += t_harness
+    total_s += time.time() - t_step
+    metrics["time/step_s"] = time.time() - t_step
+    metrics["time/harness_share"] = t_harness / metrics["time/step_s"]
     writer.write(step, metrics)
     bar.update(1)
-    bar.set_postfix(reward=f"{metrics['reward']:.2f}", dead=f"{metrics['dead_group_ratio']:.2f}")
-    # 6. held-out evaluation and 7. checkpoint.
+    bar.set_postfix(reward=f"{metrics['reward']:.2f}",
+                    dead=f"{out.metrics.get('dead_group_ratio/raw', 0.0):.2f}")
+    # 7. held-out evaluation and checkpoint.
     out_of_time = time_limit_s is not None and time.time() - t_train > time_limit_s
     last = step == steps or out_of_time
     if step % eval_every == 0 or last:
-      ev = evaluate(rollout, state.params, heldout, eval_config, eval_key)
+      ev = run_eval(step)
       history.append({"step": step, **ev})
       writer.write(step, {f"eval/{k}": v for k, v in ev.items()})
       bar.write(f"[train] step {step}: held-out {_fmt(ev)}")
     if step % checkpoint_every == 0 or last:
+      background.flush()  # the step's rollouts are on disk before its checkpoint
       ckpts.save(step, {"state": state},
-                 {"step": step, "seed": seed, "initial": initial, "history": history})
+                 {"step": step, "seed": seed, "initial": initial, "history": history,
+                  "harness_state": harness.state(), "harness": harness.describe()})
     if out_of_time:
       bar.write(f"[train] time limit {time_limit_s}s reached at step {step}")
       break
   bar.close()
+  background.flush()
   ckpts.wait()
-  final = history[-1] if history and history[-1]["step"] == step else evaluate(
-      rollout, state.params, heldout, eval_config, eval_key)
+  final = history[-1] if history and history[-1]["step"] == step else run_eval(step)
   final = {k: v for k, v in final.items() if k != "step"}
   return {"steps": step, "wall_s": round(time.time() - start, 2), "initial": initial,
-          "final": final, "history": history, "state": state}
+          "final": final, "history": history, "state": state,
+          "harness_share": round(harness_s / total_s, 4) if total_s else None}
+
+
+def _bookkeeping(workdir: str, writer: MetricWriter, store: Optional[RolloutStore],
+                 diagnostics: Sequence, version: str, step: int, episodes: list, out,
+                 learner_metrics: dict, meta: dict) -> None:
+  """Diagnostics (metrics + findings) and the rollout store for one finished step."""
+  if diagnostics:
+    dm, findings = run_diagnostics(diagnostics, episodes,
+                                   {"advantages": out.advantages, "learner": learner_metrics})
+    writer.write(step, {f"diag/{k}": float(v) for k, v in dm.items()})
+    _write_findings(workdir, step, findings)
+  if store is not None and not store.exists(version, step, "train"):
+    store.write(version, step, "train", episodes, advantages=out.advantages, kept=out.keep,
+                harness_state=out.state, meta=meta)
+
+
+def _write_findings(workdir: str, step: int, findings: Sequence) -> None:
+  if not findings:
+    return
+  with open(os.path.join(workdir, "findings.jsonl"), "a") as f:
+    for x in findings:
+      f.write(json.dumps({"step": step, **dataclasses.asdict(x)}, default=str) + "\n")
 
 
 def _loss_mask(lengths: np.ndarray, n: int) -> np.ndarray:

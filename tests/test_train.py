@@ -78,8 +78,9 @@ def test_resume_reproduces_an_uninterrupted_run(setup, tmp_path):
 def test_bad_train_arguments(setup, tmp_path):
   task, tok, cfg = setup
   model = Transformer(cfg, rngs=nnx.Rngs(0))
+  from evotrainer.harness.pipeline import Harness
   with pytest.raises(ValueError, match="estimator"):
-    train(str(tmp_path), task, model, tok, estimator="nope")
+    train(str(tmp_path), task, model, tok, harness=Harness(estimator="nope"))
   with pytest.raises(ValueError, match="group_size"):
     train(str(tmp_path), task, model, tok, group_size=1)
 

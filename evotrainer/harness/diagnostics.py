@@ -707,6 +707,7 @@ for _cls in (CorrectnessRate, RewardMean, ScoreTrend, DeadGroupRatio, RewardSpre
 DIAGNOSTICS["domain"] = DomainDiagnostic  # needs `fn`; not in `default_diagnostics`
 
 
+@gin.configurable(module="harness")
 def default_diagnostics() -> list:
   """One instance, default knobs, of every library diagnostic except `domain`."""
   return [cls() for name, cls in DIAGNOSTICS.items() if name != "domain"]
