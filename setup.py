@@ -29,6 +29,7 @@ INSTALL_REQUIRES = [
     "pyarrow==26.0.1",
     "jaxtyping==0.3.11",
     "tqdm==4.70.1",
+    "tensorboardX==2.6.5",
 ]
 
 EXTRAS = {
