@@ -26,10 +26,12 @@ harness produced, `advantage` (float64; float32 advantages are stored exactly) a
 
   reward_parts    map<string, double>: keys in the dict's order, values as float64 (a bool
                   or int part reads back as a float that compares equal; None stays None).
-                  `read_columns` flattens it into one float64 column per part name.
-  info            JSON text. Numpy scalars / arrays are written as numbers / lists; tuples
-                  read back as lists; keys must be strings. Anything else is refused at
-                  write time with the episode id.
+                  A map rather than JSON so a replay pulls one part for a whole step
+                  without parsing text: `read_columns` flattens it into one float64 column
+                  per part name.
+  info            JSON text (varied and nested). Numpy scalars / arrays are written as
+                  numbers / lists; tuples read back as lists, non-string keys as strings.
+                  Anything else is refused at write time, naming the episode.
   completion_ids  list<int32>; None is stored as null (distinct from an empty array);
                   integer arrays of other dtypes are range-checked and cast.
   logprobs        list<float32> (what the sampler produces; float64 input is rounded).
@@ -39,8 +41,9 @@ footer): `evotrainer.harness_state` and `evotrainer.meta` (JSON written by the c
 and `evotrainer.key` (version, step, split, episode count, write time, format).
 
 Corruption. Files are written with Parquet page checksums and read with verification;
-the footer's `evotrainer.*` values carry a sha256 (`evotrainer.sha256`). A file that cannot be read completely (truncated by a crash of something other than this
-writer, garbage bytes, a flipped byte, a wrong schema, a row count that disagrees with the
+the footer's `evotrainer.*` values carry a sha256 (`evotrainer.sha256`). A file that
+cannot be read completely (truncated by a crash of something other than this writer,
+garbage bytes, a flipped byte, a wrong schema, a row count that disagrees with the
 footer) is never silently read and never deleted: it is moved to `<root>/_quarantine/`
 with a `.reason.json` next to it, a warning is logged, and a `QuarantinedFile` is appended
 to `store.problems`. Bulk reads (`read`, `read_table`, `read_columns`) then continue with
