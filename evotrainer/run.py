@@ -4,6 +4,10 @@ Modes:
   train    build the policy, warm-start a from-scratch model on solved examples
            (cached), then GRPO with the fixed default harness (evotrainer/train.py);
            writes summary.json with held-out figures before and after RL.
+  branch   one branch of the evolution: start from `branch.parent` (a model saved by a
+           previous branch; none = the warm-started root), train with the operative gin
+           (the controller's bindings included), save the model to <workdir>/model and
+           write <workdir>/branch_result.json (see `_branch_result`).
   sample   build the policy, sample completions for held-out problems, score them.
 """
 
@@ -16,7 +20,7 @@ import time
 
 import gin
 
-MODES = ("train", "sample")
+MODES = ("train", "branch", "sample")
 
 
 def _print(msg: str = "") -> None:
@@ -28,6 +32,12 @@ def _write_summary(workdir: str, summary: dict) -> None:
   tmp = path.with_suffix(".tmp")
   tmp.write_text(json.dumps(summary, indent=2) + "\n")
   os.replace(tmp, path)
+
+
+@gin.configurable(module="run")
+def branch(parent: str | None = None, version: str = "v0") -> dict:
+  """gin knobs of `branch` mode: the parent model directory and this version's name."""
+  return {"parent": parent, "version": version}
 
 
 @gin.configurable(module="run")
@@ -84,6 +94,8 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   if mode == "sample":
     summary["heldout"] = _sample(model, tok, task, mesh, seed, num_problems,
                                  samples_per_problem, sampling)
+  elif mode == "branch":
+    summary.update(_branch(workdir, model, tok, task, mesh, seed, sampling))
   else:
     from evotrainer.train import train
     result = train(workdir, task, model, tok, mesh, seed=seed, sampling=sampling)
@@ -123,3 +135,56 @@ def _sample(model, tok, task, mesh, seed, num_problems, samples_per_problem, sam
   return {"problems": len(heldout), "samples_per_problem": samples_per_problem,
           "avg_correct": float(correct.mean()), "format_rate": float(fmt.mean()),
           "mean_length": float(gen.lengths.mean())}
+
+
+def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
+  """Trains one branch from its parent; returns (and writes) branch_result.json."""
+  from flax import nnx
+
+  from evotrainer import checkpoint
+  from evotrainer.rollouts.store import RolloutStore
+  from evotrainer.train import train
+
+  cfg = branch()
+  result_path = pathlib.Path(workdir) / "branch_result.json"
+  if result_path.exists():  # finished before a crash of the caller: idempotent
+    return json.loads(result_path.read_text())
+  if cfg["parent"]:
+    checkpoint.restore_params_into(cfg["parent"], model)
+  out = train(workdir, task, model, tok, mesh, seed=seed, sampling=sampling,
+              version=cfg["version"])
+  model_dir = pathlib.Path(workdir) / "model"
+  if not model_dir.exists():
+    nnx.update(model, out["state"].params)
+    checkpoint.save_model(model_dir, model, metadata={"version": cfg["version"]})
+  result = _branch_result(workdir, cfg["version"], out, str(model_dir),
+                          RolloutStore(pathlib.Path(workdir) / "rollouts"))
+  tmp = result_path.with_suffix(".tmp")
+  tmp.write_text(json.dumps(result, indent=2) + "\n")
+  os.replace(tmp, result_path)
+  return result
+
+
+def _branch_result(workdir, version, out, model_dir, store) -> dict:
+  """What the controller reads back: held-out figures with the per-problem scores a
+  paired bootstrap needs, the training series (BC and proxy reward per step), paths."""
+  import numpy as np
+
+  steps = store.steps(version, "heldout")
+  final = store.read(version=version, step=steps[-1], split="heldout") if steps else []
+  per_problem: dict = {}
+  for ep in final:
+    per_problem.setdefault(ep.task_id, []).append(float(ep.reward_parts.get("correct", 0.0)))
+  series: dict = {"correct": [], "reward": []}
+  metrics_path = pathlib.Path(workdir) / "metrics.jsonl"
+  if metrics_path.exists():
+    for line in metrics_path.read_text().splitlines():
+      row = json.loads(line)
+      if "reward" in row:
+        series["correct"].append(row["correct"])
+        series["reward"].append(row["reward"])
+  return {"version": version, "steps": out["steps"], "initial": out["initial"],
+          "final": out["final"], "checkpoint": model_dir,
+          "rollouts": str(pathlib.Path(workdir) / "rollouts"),
+          "per_problem": {k: float(np.mean(v)) for k, v in sorted(per_problem.items())},
+          "series": series}

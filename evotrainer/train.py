@@ -223,11 +223,14 @@ class MetricWriter:
       self.tb = None
 
   def write(self, step: int, metrics: dict) -> None:
+    # NaN (e.g. a correlation over constant rewards) is written as null: strict JSON.
+    clean = {k: (None if isinstance(v, float) and not np.isfinite(v) else v)
+             for k, v in metrics.items()}
     with self._lock:
       with open(self.path, "a") as f:
-        f.write(json.dumps({"step": step, **metrics}) + "\n")
+        f.write(json.dumps({"step": step, **clean}) + "\n")
       if self.tb is not None:
-        for k, v in metrics.items():
+        for k, v in clean.items():
           if isinstance(v, (int, float)):
             self.tb.add_scalar(k, v, step)
         self.tb.flush()
