@@ -49,7 +49,8 @@ setup(
     # gin/ ships inside the installed package as evotrainer/_gin (config.py searches it).
     packages=find_packages(include=["evotrainer", "evotrainer.*"]) + ["evotrainer._gin"],
     package_dir={"evotrainer._gin": "gin"},
-    package_data={"evotrainer._gin": ["*.gin", "*/*.gin"]},
+    package_data={"evotrainer._gin": ["*.gin", "*/*.gin"],
+                  "evotrainer.evolution": ["seed_skills/*.json"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["evotrainer=evotrainer.launch:run_main"]},

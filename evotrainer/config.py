@@ -55,6 +55,7 @@ def register_builtins() -> None:
   import evotrainer.learner.step  # noqa: F401
   import evotrainer.learner.warmstart  # noqa: F401
   import evotrainer.tasks.datasets  # noqa: F401
+  import evotrainer.evolution.search_space  # noqa: F401
   import evotrainer.harness.diagnostics  # noqa: F401
   import evotrainer.harness.filters  # noqa: F401
   import evotrainer.harness.pipeline  # noqa: F401

@@ -1,0 +1,755 @@
+"""The version ledger: what the evolution did, in one SQLite file (METHOD.md, "Memory").
+
+Tables (schema `SCHEMA_VERSION`):
+  versions          one row per policy version: parent, status, bindings diff, operative
+                    gin, checkpoint, metrics, held-out figures (with a noise estimate),
+                    harness version, why it was kept or rejected
+  attempts          branch trainings (a version trained from a parent for an intervention)
+  findings          diagnostics' verdicts on a version, with evidence
+  decisions         case memory: hypothesis, intervention, backtest, success criterion,
+                    outcome and why — failures and backtest drops included
+  harness_versions  which diagnostics / validators were active, with their thresholds
+  skills_used       which skill proposed which version, and how it turned out
+  meta              schema version, the incumbent, and the controller's own keys
+
+Crash safety: WAL journal with `synchronous=FULL`, and every write inside a transaction,
+so a kill -9 at any moment leaves the last committed state. Resume safety: every `add_*`
+is idempotent by id — re-adding a record with the same content is a no-op, with other
+content an error — so a resumed run can redo its last step without duplicating it.
+
+An existing file with another schema version (or not a ledger at all) is refused with
+an error and never written to: open it with the EvoTrainer version that wrote it, or use
+a new workdir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+SCHEMA_VERSION = 1
+VERSION_STATUSES = ("running", "kept", "rejected", "merged", "pruned")
+ATTEMPT_STATUSES = ("running", "done", "failed")
+OUTCOMES = ("success", "failure", "partial", "dropped")  # dropped: failed its backtest
+GOOD = ("kept", "merged")  # statuses a version can be the incumbent with
+_RESERVED_META = ("schema_version", "incumbent", "incumbent_seq", "clock")
+
+
+class LedgerError(RuntimeError):
+  """The ledger cannot be opened, or a write contradicts what is recorded."""
+
+
+_SCHEMA = f"""
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE harness_versions (
+  id TEXT PRIMARY KEY,
+  parent TEXT REFERENCES harness_versions(id),
+  diagnostics TEXT NOT NULL,
+  validators TEXT NOT NULL,
+  reason TEXT NOT NULL DEFAULT '',
+  created_time REAL NOT NULL);
+CREATE TABLE versions (
+  id TEXT PRIMARY KEY,
+  parent TEXT REFERENCES versions(id),
+  status TEXT NOT NULL CHECK (status IN {VERSION_STATUSES}),
+  created_step INTEGER NOT NULL DEFAULT 0,
+  created_time REAL NOT NULL,
+  bindings TEXT NOT NULL,
+  gin TEXT NOT NULL DEFAULT '',
+  checkpoint TEXT,
+  metrics TEXT NOT NULL DEFAULT '{{}}',
+  heldout TEXT NOT NULL DEFAULT '{{}}',
+  harness_version TEXT REFERENCES harness_versions(id),
+  reason TEXT NOT NULL DEFAULT '',
+  decided_seq INTEGER);
+CREATE INDEX versions_parent ON versions(parent);
+CREATE TABLE attempts (
+  id TEXT PRIMARY KEY,
+  version_id TEXT NOT NULL REFERENCES versions(id),
+  parent TEXT REFERENCES versions(id),
+  intervention_id TEXT,
+  started REAL NOT NULL,
+  finished REAL,
+  status TEXT NOT NULL CHECK (status IN {ATTEMPT_STATUSES}));
+CREATE TABLE findings (
+  id TEXT PRIMARY KEY,
+  version_id TEXT NOT NULL REFERENCES versions(id),
+  stage TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  layer TEXT NOT NULL,
+  severity REAL NOT NULL,
+  value REAL,
+  threshold REAL,
+  message TEXT NOT NULL,
+  evidence TEXT NOT NULL);
+CREATE INDEX findings_version ON findings(version_id);
+CREATE TABLE decisions (
+  id TEXT PRIMARY KEY,
+  parent TEXT NOT NULL REFERENCES versions(id),
+  version_id TEXT REFERENCES versions(id),
+  hypothesis TEXT NOT NULL,
+  intervention TEXT NOT NULL,
+  backtest TEXT,
+  criterion TEXT NOT NULL,
+  skill TEXT,
+  outcome TEXT CHECK (outcome IS NULL OR outcome IN {OUTCOMES}),
+  why TEXT NOT NULL DEFAULT '');
+CREATE TABLE skills_used (
+  version_id TEXT NOT NULL REFERENCES versions(id),
+  skill TEXT NOT NULL,
+  decision_id TEXT REFERENCES decisions(id),
+  domain TEXT NOT NULL DEFAULT '',
+  outcome TEXT CHECK (outcome IS NULL OR outcome IN {OUTCOMES}),
+  PRIMARY KEY (version_id, skill));
+"""
+
+
+# ------------------------------------------------------------------ records
+
+
+def _dumps(value: Any) -> str:
+  """Canonical JSON (sorted keys): stored text doubles as the equality test."""
+  return json.dumps(_plain(value), sort_keys=True)
+
+
+def _plain(value: Any) -> Any:
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    to_dict = getattr(value, "to_dict", None)
+    return _plain(to_dict() if to_dict else dataclasses.asdict(value))
+  if isinstance(value, Mapping):
+    return {str(k): _plain(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_plain(v) for v in value]
+  if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalar
+    return value.item()
+  return value
+
+
+def _loads(text: Optional[str]) -> Any:
+  return None if text is None else json.loads(text)
+
+
+def _real(x: Optional[float]) -> Optional[float]:
+  """SQLite stores NaN as NULL; say so explicitly (and read NULL back as NaN)."""
+  return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def _nan(x: Optional[float]) -> float:
+  return float("nan") if x is None else float(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionRecord:
+  """One policy version. `bindings`: the gin bindings changed against the parent
+  ({binding: value}; the root's holds the initial values of the search space)."""
+
+  id: str
+  parent: Optional[str]
+  status: str
+  created_step: int
+  created_time: float
+  bindings: dict
+  gin: str
+  checkpoint: Optional[str]
+  metrics: dict
+  heldout: dict  # e.g. {'avg8': .41, 'noise': .02, 'pass8': .7}
+  harness_version: Optional[str]
+  reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptRecord:
+  """One branch training: `version_id` trained from `parent` for an intervention."""
+
+  id: str
+  version_id: str
+  parent: Optional[str]
+  intervention_id: Optional[str]
+  started: float
+  finished: Optional[float]
+  status: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FindingRecord:
+  """A stored `types.Finding` plus where it belongs (same field names as Finding)."""
+
+  id: str
+  version_id: str
+  stage: str
+  kind: str
+  layer: str
+  severity: float
+  value: float
+  threshold: float
+  message: str
+  evidence: tuple  # ((episode_id, snippet), ...)
+
+  def to_finding(self):
+    """The `evotrainer.types.Finding` (imports the records module, which imports JAX)."""
+    from evotrainer.types import Finding
+    return Finding(kind=self.kind, layer=self.layer, severity=self.severity,
+                   value=self.value, threshold=self.threshold, message=self.message,
+                   evidence=self.evidence)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecisionRecord:
+  """Case memory of one intervention: designed on `parent`, trained as `version_id`
+  (None when it was dropped before training)."""
+
+  id: str
+  parent: str
+  version_id: Optional[str]
+  hypothesis: str
+  intervention: dict
+  backtest: Optional[dict]
+  criterion: str
+  skill: Optional[str]
+  outcome: Optional[str]
+  why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessVersionRecord:
+  """Active diagnostics and validators ({name: {threshold, ...}}) of one harness version."""
+
+  id: str
+  parent: Optional[str]
+  diagnostics: dict
+  validators: dict
+  reason: str
+  created_time: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SkillUseRecord:
+  version_id: str
+  skill: str
+  decision_id: Optional[str]
+  domain: str
+  outcome: Optional[str]
+
+
+# ------------------------------------------------------------------ the ledger
+
+
+class Ledger:
+  """The run's ledger at `path` (created when absent).
+
+  Usage:
+    ledger = Ledger(workdir / "ledger.sqlite")
+    with ledger.transaction():          # several rows, all or nothing
+      ledger.add_version("v1", parent="v0", bindings={"Learner.clip_high": 0.32})
+      ledger.add_attempt("v1-a", version_id="v1", parent="v0", intervention_id=iv.id)
+    ledger.promote("v1", reason="avg8 +0.05 > noise 0.02")
+  """
+
+  def __init__(self, path: str | os.PathLike):
+    self.path = os.fspath(path)
+    self._lock = threading.RLock()
+    self._depth = 0
+    existing = (os.path.exists(self.path) and os.path.getsize(self.path) > 0
+                and self._check_existing())
+    os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+    self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                 timeout=60.0)
+    self._conn.row_factory = sqlite3.Row
+    mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    if str(mode).lower() != "wal":
+      raise LedgerError(f"ledger {self.path}: SQLite refused WAL mode (got {mode!r})")
+    self._conn.execute("PRAGMA synchronous=FULL")
+    self._conn.execute("PRAGMA foreign_keys=ON")
+    if not existing:
+      with self.transaction():
+        # One statement at a time: executescript() would commit the open transaction.
+        for statement in _SCHEMA.split(";"):
+          if statement.strip():
+            self._conn.execute(statement)
+        self._put_meta("schema_version", SCHEMA_VERSION)
+        self._put_meta("clock", 0)
+
+  def _check_existing(self) -> bool:
+    """Reads the schema version through a read-only connection (the file is never
+    written). False for an empty SQLite file (no tables: a creation that never committed)."""
+    uri = "file:" + os.path.abspath(self.path) + "?mode=ro"
+    try:
+      conn = sqlite3.connect(uri, uri=True, timeout=60.0)
+    except sqlite3.Error as e:
+      raise LedgerError(f"ledger {self.path}: cannot open: {e}") from None
+    try:
+      tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+      if not tables:
+        return False
+      if "meta" not in tables:
+        raise LedgerError(f"{self.path} is an SQLite file but not an EvoTrainer ledger (no "
+                          f"meta table; tables: {sorted(tables)}); use a new workdir")
+      row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    except sqlite3.DatabaseError as e:
+      raise LedgerError(f"ledger {self.path} is not a readable SQLite database ({e}); it "
+                        f"was left untouched") from None
+    finally:
+      conn.close()
+    found = None if row is None else json.loads(row[0])
+    if found != SCHEMA_VERSION:
+      raise LedgerError(f"ledger {self.path} has schema version {found}, this EvoTrainer "
+                        f"reads version {SCHEMA_VERSION}; the file was left untouched: open "
+                        f"it with the EvoTrainer version that wrote it, or use a new workdir")
+    return True
+
+  def close(self) -> None:
+    with self._lock:
+      self._conn.close()
+
+  def __enter__(self) -> "Ledger":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  @contextlib.contextmanager
+  def transaction(self) -> Iterator["Ledger"]:
+    """All writes inside commit together or not at all (nested: a savepoint)."""
+    with self._lock:
+      if self._depth:
+        name = f"sp{self._depth}"
+        self._conn.execute(f"SAVEPOINT {name}")
+        self._depth += 1
+        try:
+          yield self
+        except BaseException:
+          self._conn.execute(f"ROLLBACK TO {name}")
+          self._conn.execute(f"RELEASE {name}")
+          raise
+        else:
+          self._conn.execute(f"RELEASE {name}")
+        finally:
+          self._depth -= 1
+        return
+      self._conn.execute("BEGIN IMMEDIATE")
+      self._depth = 1
+      try:
+        yield self
+      except BaseException:
+        self._conn.execute("ROLLBACK")
+        raise
+      else:
+        self._conn.execute("COMMIT")
+      finally:
+        self._depth = 0
+
+  # ---------------------------------------------------------------- meta
+
+  def _put_meta(self, key: str, value: Any) -> None:
+    self._conn.execute("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO "
+                       "UPDATE SET value=excluded.value", (key, _dumps(value)))
+
+  def get_meta(self, key: str, default: Any = None) -> Any:
+    """A JSON value stored under `key` (the controller's own state, e.g. an rng seed)."""
+    rows = self._q("SELECT value FROM meta WHERE key=?", (key,))
+    return default if not rows else json.loads(rows[0][0])
+
+  def set_meta(self, key: str, value: Any) -> None:
+    if key in _RESERVED_META:
+      raise LedgerError(f"meta key {key!r} is managed by the ledger itself")
+    with self.transaction():
+      self._put_meta(key, value)
+
+  @property
+  def schema_version(self) -> int:
+    return self.get_meta("schema_version")
+
+  def _tick(self) -> int:
+    """The next value of the ledger's logical clock (orders status decisions)."""
+    clock = self.get_meta("clock", 0) + 1
+    self._put_meta("clock", clock)
+    return clock
+
+  # ---------------------------------------------------------------- idempotent insert
+
+  def _q(self, sql: str, args: Sequence = ()) -> list:
+    """All rows of a query, read under the lock (one connection serves every thread)."""
+    with self._lock:
+      return self._conn.execute(sql, tuple(args)).fetchall()
+
+  def _select(self, table: str, **where: Any) -> list:
+    """Rows of `table` in insertion order where each non-None keyword column matches."""
+    where = {k: v for k, v in where.items() if v is not None}
+    cond = " AND ".join(f"{k}=?" for k in where)
+    return self._q(f"SELECT * FROM {table}" + (f" WHERE {cond}" if cond else "") +
+                   " ORDER BY rowid", tuple(where.values()))
+
+  def _row(self, table: str, key: Mapping[str, Any]) -> Optional[sqlite3.Row]:
+    rows = self._select(table, **key)
+    return rows[0] if rows else None
+
+  def _add(self, table: str, key: Mapping[str, Any], fixed: Mapping[str, Any],
+           optional: Mapping[str, Any] = (), extra: Mapping[str, Any] = ()) -> bool:
+    """Inserts a row, or checks it against the stored one. Returns True when inserted.
+
+    `fixed` columns must equal the stored ones; `optional` ones (None: not given) must
+    equal them when both are set, and fill them when the stored one is NULL; `extra`
+    columns (timestamps, initial status) are written on insert only.
+    """
+    optional, extra = dict(optional), dict(extra)
+    what = f"{table} {'/'.join(str(v) for v in key.values())}"
+    with self.transaction():
+      row = self._row(table, key)
+      if row is None:
+        cols = {**key, **fixed, **{k: v for k, v in optional.items() if v is not None},
+                **extra}
+        try:
+          self._conn.execute(
+              f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+              tuple(cols.values()))
+        except sqlite3.IntegrityError as e:
+          raise LedgerError(f"{what}: {e} (is every referenced version / harness version / "
+                            f"decision recorded first?)") from None
+        return True
+      diff = [c for c, v in fixed.items() if row[c] != v]
+      diff += [c for c, v in optional.items() if v is not None and row[c] is not None
+               and row[c] != v]
+      if diff:
+        detail = "; ".join(f"{c}: recorded {row[c]!r}, given {({**fixed, **optional})[c]!r}"
+                           for c in diff)
+        raise LedgerError(f"{what} is already recorded with other content ({detail})")
+      fill = {c: v for c, v in optional.items() if v is not None and row[c] is None}
+      if fill:
+        self._update(table, key, fill)
+      return False
+
+  def _update(self, table: str, key: Mapping[str, Any], cols: Mapping[str, Any]) -> None:
+    with self.transaction():
+      if self._row(table, key) is None:
+        raise LedgerError(f"{table} {'/'.join(map(str, key.values()))} is not in the ledger")
+      sets = ", ".join(f"{c}=?" for c in cols)
+      where = " AND ".join(f"{k}=?" for k in key)
+      try:
+        self._conn.execute(f"UPDATE {table} SET {sets} WHERE {where}",
+                           (*cols.values(), *key.values()))
+      except sqlite3.IntegrityError as e:
+        raise LedgerError(f"{table} {'/'.join(map(str, key.values()))}: {e}") from None
+
+  # ---------------------------------------------------------------- harness versions
+
+  def add_harness_version(self, id: str, diagnostics: Mapping, validators: Mapping,
+                          parent: Optional[str] = None, reason: str = "") -> None:
+    """Records a harness version: {name: config} of active diagnostics and validators."""
+    self._add("harness_versions", {"id": id},
+              {"parent": parent, "diagnostics": _dumps(diagnostics),
+               "validators": _dumps(validators), "reason": reason},
+              extra={"created_time": time.time()})
+
+  def harness_version(self, id: str) -> HarnessVersionRecord:
+    row = self._row("harness_versions", {"id": id})
+    if row is None:
+      raise LedgerError(f"harness version {id!r} is not in the ledger")
+    return _record(HarnessVersionRecord, row)
+
+  def harness_versions(self) -> list:
+    return [_record(HarnessVersionRecord, r) for r in self._select("harness_versions")]
+
+  # ---------------------------------------------------------------- versions
+
+  def add_version(self, id: str, parent: Optional[str] = None, *, bindings: Mapping = (),
+                  gin: str = "", created_step: int = 0,
+                  harness_version: Optional[str] = None, checkpoint: Optional[str] = None,
+                  status: str = "running", reason: str = "") -> None:
+    """Records a version (status 'running' while it trains). Re-adding checks parent,
+    bindings, gin, step and harness version; the status of a recorded version is kept."""
+    if status not in VERSION_STATUSES:
+      raise LedgerError(f"version {id}: status {status!r}; expected one of {VERSION_STATUSES}")
+    with self.transaction():
+      inserted = self._add(
+          "versions", {"id": id},
+          {"parent": parent, "bindings": _dumps(dict(bindings)), "gin": gin,
+           "created_step": int(created_step), "harness_version": harness_version},
+          {"checkpoint": checkpoint},
+          {"created_time": time.time(), "status": status, "reason": reason})
+      if inserted and status != "running":
+        self._conn.execute("UPDATE versions SET decided_seq=? WHERE id=?", (self._tick(), id))
+
+  def update_version(self, id: str, *, checkpoint: Optional[str] = None,
+                     metrics: Optional[Mapping] = None, heldout: Optional[Mapping] = None,
+                     gin: Optional[str] = None) -> None:
+    """Sets the given fields (whole values: `metrics` replaces the stored dict)."""
+    cols = {"checkpoint": checkpoint, "gin": gin,
+            "metrics": None if metrics is None else _dumps(metrics),
+            "heldout": None if heldout is None else _dumps(heldout)}
+    cols = {c: v for c, v in cols.items() if v is not None}
+    if cols:
+      self._update("versions", {"id": id}, cols)
+
+  def set_status(self, id: str, status: str, reason: str = "") -> None:
+    """Sets a version's status. Demoting the incumbent (to anything but kept / merged)
+    rolls the incumbent back to its nearest kept ancestor, in the same transaction."""
+    if status not in VERSION_STATUSES:
+      raise LedgerError(f"version {id}: status {status!r}; expected one of {VERSION_STATUSES}")
+    with self.transaction():
+      v = self.version(id)
+      if v.status == status and v.reason == reason:
+        return
+      self._conn.execute("UPDATE versions SET status=?, reason=?, decided_seq=? WHERE id=?",
+                         (status, reason, self._tick(), id))
+      if status not in GOOD and self.get_meta("incumbent") == id:
+        back = next((a.id for a in self.lineage(id)[1:] if a.status in GOOD), None)
+        self._put_meta("incumbent", back)
+        self._put_meta("incumbent_seq", self._tick())
+
+  def promote(self, id: str, reason: str = "") -> None:
+    """Keeps `id` and makes it the incumbent (one transaction)."""
+    with self.transaction():
+      if (self.get_meta("incumbent") == id and self.version(id).status == "kept"
+          and self.version(id).reason == reason):
+        return
+      self.set_status(id, "kept", reason)
+      self._put_meta("incumbent", id)
+      self._put_meta("incumbent_seq", self._tick())
+
+  def reject(self, id: str, reason: str = "") -> None:
+    """Rejects `id` (negative evidence; the incumbent rolls back if it was `id`)."""
+    self.set_status(id, "rejected", reason)
+
+  def set_incumbent(self, id: str) -> None:
+    """Rolls the incumbent to `id`, which must be kept or merged."""
+    with self.transaction():
+      v = self.version(id)
+      if v.status not in GOOD:
+        raise LedgerError(f"version {id} is {v.status}; only a kept or merged version can "
+                          f"be the incumbent")
+      if self.get_meta("incumbent") != id:
+        self._put_meta("incumbent", id)
+        self._put_meta("incumbent_seq", self._tick())
+
+  def version(self, id: str) -> VersionRecord:
+    row = self._row("versions", {"id": id})
+    if row is None:
+      raise LedgerError(f"version {id!r} is not in the ledger")
+    return _record(VersionRecord, row)
+
+  def has_version(self, id: str) -> bool:
+    return self._row("versions", {"id": id}) is not None
+
+  def versions(self, status: Optional[str] = None) -> list:
+    """Versions in creation order, optionally only those with `status`."""
+    return [_record(VersionRecord, r) for r in self._select("versions", status=status)]
+
+  def lineage(self, id: str) -> list:
+    """[version, parent, ..., root]: the path from `id` to the root."""
+    out, seen = [], set()
+    cur: Optional[str] = id
+    while cur is not None:
+      if cur in seen:
+        raise LedgerError(f"version {id}: the parent chain loops at {cur}")
+      seen.add(cur)
+      v = self.version(cur)
+      out.append(v)
+      cur = v.parent
+    return out
+
+  def children(self, id: str) -> list:
+    return [_record(VersionRecord, r) for r in self._select("versions", parent=id)]
+
+  def incumbent(self) -> Optional[VersionRecord]:
+    """The current best kept version (set by `promote`, rolled back by demotions)."""
+    id = self.get_meta("incumbent")
+    return None if id is None else self.version(id)
+
+  def consecutive_rejections(self) -> int:
+    """Rejected branches of the incumbent decided since it became the incumbent
+    (all rejected versions when there is none): the escalation counter."""
+    inc = self.get_meta("incumbent")
+    if inc is None:
+      return len(self._select("versions", status="rejected"))
+    return self._q("SELECT COUNT(*) FROM versions WHERE status='rejected' AND parent=? AND "
+                   "decided_seq > ?", (inc, self.get_meta("incumbent_seq", 0)))[0][0]
+
+  def binding_history(self, id: str, binding: str) -> list:
+    """[(version_id, value), ...], root first: where the lineage of `id` set `binding`."""
+    return [(v.id, v.bindings[binding]) for v in reversed(self.lineage(id))
+            if binding in v.bindings]
+
+  # ---------------------------------------------------------------- attempts
+
+  def add_attempt(self, id: str, version_id: str, parent: Optional[str] = None,
+                  intervention_id: Optional[str] = None) -> None:
+    """Records a branch training that starts now (status 'running')."""
+    self._add("attempts", {"id": id},
+              {"version_id": version_id, "parent": parent, "intervention_id": intervention_id},
+              extra={"started": time.time(), "status": "running"})
+
+  def finish_attempt(self, id: str, status: str = "done") -> None:
+    if status not in ATTEMPT_STATUSES[1:]:
+      raise LedgerError(f"attempt {id}: status {status!r}; expected 'done' or 'failed'")
+    with self.transaction():
+      row = self._row("attempts", {"id": id})
+      if row is not None and row["status"] == status:
+        return
+      self._update("attempts", {"id": id}, {"status": status, "finished": time.time()})
+
+  def attempts(self, version: Optional[str] = None, status: Optional[str] = None) -> list:
+    """Attempts in start order; a resumed run looks for status='running' ones."""
+    return [_record(AttemptRecord, r)
+            for r in self._select("attempts", version_id=version, status=status)]
+
+  # ---------------------------------------------------------------- findings
+
+  def add_findings(self, version_id: str, findings: Sequence, stage: str = "diagnose") -> None:
+    """Records `findings` (`types.Finding` or anything with its fields) of a version.
+
+    Ids are f"{version_id}/{stage}/{i}": re-adding the same list is a no-op; a list of
+    another length or content for the same (version, stage) is an error.
+    """
+    with self.transaction():
+      n = len(self._select("findings", version_id=version_id, stage=stage))
+      if n and n != len(findings):
+        raise LedgerError(f"findings of {version_id}/{stage}: {n} recorded, {len(findings)} "
+                          f"given")
+      for i, f in enumerate(findings):
+        self._add("findings", {"id": f"{version_id}/{stage}/{i}"},
+                  {"version_id": version_id, "stage": stage, "kind": f.kind,
+                   "layer": f.layer, "severity": _real(f.severity), "value": _real(f.value),
+                   "threshold": _real(f.threshold), "message": f.message,
+                   "evidence": _dumps(list(f.evidence))})
+
+  def findings(self, version: Optional[str] = None, stage: Optional[str] = None) -> list:
+    return [_record(FindingRecord, r)
+            for r in self._select("findings", version_id=version, stage=stage)]
+
+  # ---------------------------------------------------------------- decisions
+
+  def add_decision(self, id: str, parent: str, *, hypothesis: str, intervention: Any,
+                   criterion: str, version_id: Optional[str] = None,
+                   backtest: Optional[Mapping] = None, skill: Optional[str] = None) -> None:
+    """Records a decision (hypothesis, intervention, success criterion) made on `parent`.
+
+    `intervention`: a search_space.Intervention or its dict. `version_id` and `backtest`
+    may come later through `update_decision`.
+    """
+    self._add("decisions", {"id": id},
+              {"parent": parent, "hypothesis": hypothesis,
+               "intervention": _dumps(intervention), "criterion": criterion, "skill": skill},
+              {"version_id": version_id,
+               "backtest": None if backtest is None else _dumps(backtest)})
+
+  def update_decision(self, id: str, *, version_id: Optional[str] = None,
+                      backtest: Optional[Mapping] = None, outcome: Optional[str] = None,
+                      why: Optional[str] = None) -> None:
+    if outcome is not None and outcome not in OUTCOMES:
+      raise LedgerError(f"decision {id}: outcome {outcome!r}; expected one of {OUTCOMES}")
+    cols = {"version_id": version_id, "outcome": outcome, "why": why,
+            "backtest": None if backtest is None else _dumps(backtest)}
+    cols = {c: v for c, v in cols.items() if v is not None}
+    if cols:
+      self._update("decisions", {"id": id}, cols)
+
+  def decision(self, id: str) -> DecisionRecord:
+    row = self._row("decisions", {"id": id})
+    if row is None:
+      raise LedgerError(f"decision {id!r} is not in the ledger")
+    return _record(DecisionRecord, row)
+
+  def decisions(self, version: Optional[str] = None, parent: Optional[str] = None) -> list:
+    """Decisions in order; `version`: those trained as that version; `parent`: those
+    designed on that version (dropped ones included)."""
+    return [_record(DecisionRecord, r)
+            for r in self._select("decisions", version_id=version, parent=parent)]
+
+  # ---------------------------------------------------------------- skills used
+
+  def add_skill_use(self, version_id: str, skill: str, decision_id: Optional[str] = None,
+                    domain: str = "") -> None:
+    self._add("skills_used", {"version_id": version_id, "skill": skill},
+              {"decision_id": decision_id, "domain": domain})
+
+  def set_skill_outcome(self, version_id: str, skill: str, outcome: str) -> None:
+    if outcome not in OUTCOMES:
+      raise LedgerError(f"skill {skill} on {version_id}: outcome {outcome!r}; expected one "
+                        f"of {OUTCOMES}")
+    self._update("skills_used", {"version_id": version_id, "skill": skill},
+                 {"outcome": outcome})
+
+  def skills_used(self, version: Optional[str] = None) -> list:
+    return [_record(SkillUseRecord, r) for r in self._select("skills_used", version_id=version)]
+
+  # ---------------------------------------------------------------- the table
+
+  def table(self, width: int = 48) -> str:
+    """The lineage as a printable text table (a tree by indentation; '*' = incumbent)."""
+    versions = self.versions()
+    if not versions:
+      return "(empty ledger)"
+    inc = self.get_meta("incumbent")
+    changes = {d.version_id: d.intervention.get("description", "")
+               for d in self.decisions() if d.version_id}
+    by_parent: dict = {}
+    for v in versions:
+      by_parent.setdefault(v.parent, []).append(v)
+    known = {v.id for v in versions}
+    roots = [v for v in versions if v.parent is None or v.parent not in known]
+    rows = []
+
+    def walk(v: VersionRecord, depth: int) -> None:
+      change = changes.get(v.id) or ("; ".join(f"{b}={json.dumps(x)}" for b, x in
+                                                v.bindings.items()) if v.parent else "(root)")
+      rows.append(["*" if v.id == inc else "", "  " * depth + v.id, v.status,
+                   str(v.created_step), _heldout_cell(v.heldout),
+                   _num_cell(v.metrics.get("proxy_reward")), _clip(change, width),
+                   _clip(v.reason, width)])
+      for c in by_parent.get(v.id, []):
+        walk(c, depth + 1)
+
+    for r in roots:
+      walk(r, 0)
+    head = ["", "version", "status", "step", "heldout", "proxy", "change", "reason"]
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+    fmt = lambda r: " ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+
+
+def _clip(text: str, width: int) -> str:
+  text = " ".join(str(text).split())
+  return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _num_cell(x: Any) -> str:
+  return f"{x:.4f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else ""
+
+
+def _heldout_cell(heldout: Mapping) -> str:
+  """'avg8 0.4120±0.0200' from {'avg8': .412, 'noise': .02} (first numeric key if no avg8)."""
+  nums = {k: v for k, v in heldout.items()
+          if isinstance(v, (int, float)) and not isinstance(v, bool)}
+  key = "avg8" if "avg8" in nums else next((k for k in nums if "noise" not in k), None)
+  if key is None:
+    return ""
+  noise = nums.get("noise", nums.get(f"{key}_noise"))
+  return f"{key} {nums[key]:.4f}" + (f"±{noise:.4f}" if noise is not None else "")
+
+
+_JSON_COLUMNS = ("bindings", "metrics", "heldout", "diagnostics", "validators",
+                 "intervention", "backtest")
+
+
+def _record(cls: type, row: sqlite3.Row):
+  """The record `cls` of a row: JSON columns decoded; findings get NaN back for NULL and
+  their evidence as tuples."""
+  d = {f.name: row[f.name] for f in dataclasses.fields(cls)}
+  d.update({k: _loads(d[k]) for k in _JSON_COLUMNS if k in d})
+  if cls is FindingRecord:
+    d.update(value=_nan(d["value"]), threshold=_nan(d["threshold"]),
+             evidence=tuple(tuple(e) if isinstance(e, list) else e
+                            for e in _loads(d["evidence"])))
+  return cls(**d)
+
+
+__all__ = ["ATTEMPT_STATUSES", "AttemptRecord", "DecisionRecord", "FindingRecord",
+           "HarnessVersionRecord", "Ledger", "LedgerError", "OUTCOMES", "SCHEMA_VERSION",
+           "SkillUseRecord", "VERSION_STATUSES", "VersionRecord"]

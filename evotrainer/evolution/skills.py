@@ -1,0 +1,541 @@
+"""Skills: what worked before, as trigger -> intervention rules (METHOD.md, "Memory").
+
+A skill is one human-readable JSON file: a *trigger* (a condition over the incumbent's
+findings and current bindings), an *intervention template* (one gin binding change),
+the expected outcome, the validation criterion, and the evidence — successes and
+failures per domain. A skill counts as cross-domain only once it was validated in two
+domains. Seed skills ship in `seed_skills/`; a run works on its own skills directory
+(`SkillLibrary.seeded(workdir / 'skills')`), records outcomes there, and a later run can
+start from that directory.
+
+Trigger language (JSON; evaluated here, never with eval()):
+
+  {"finding": KIND}                              a finding of that kind is present
+  {"finding": KIND, "op": OP, "value": X}        ... whose `field` (default "value";
+  {"finding": KIND, "field": "severity", ...}    also "severity", "threshold") OP X
+  {"binding": NAME, "op": OP, "value": X}        the current value of a gin binding
+  {"all": [C, ...]}, {"any": [C, ...]}, {"not": C}
+  any leaf may carry "and": [C, ...] (the leaf and all of those)
+
+  OP for numbers: > >= < <= == !=; for bindings also "contains" / "lacks" (a dict key or
+  a list element, e.g. a reward part or a '@Filter()' component) and "in" (the value is
+  one of a list). A binding condition is false when the caller passed no value for it.
+
+Intervention template (JSON), instantiated against the current bindings:
+
+  {"binding": B, "kind": "set", "value": X}             B = X
+  {"binding": B, "kind": "set", "key": K, "value": X}   dict entry K of B = X
+  {"binding": B, "kind": "scale", "factor": F [, "key": K]}   B (or entry K) times F
+  {"binding": B, "kind": "add", "component": "@C()"}    append a component to list B
+  {"binding": B, "kind": "add", "key": K, "value": X}   add dict entry K = X
+  {"binding": B, "kind": "remove", "component": "@C()" | "key": K}
+  {"binding": B, "kind": "revert"}                      B back to its value before its
+                                                        last change (a subtraction)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import operator
+import os
+import pathlib
+import re
+import shutil
+import tempfile
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from evotrainer.evolution.search_space import (ComponentListKnob, Intervention, SearchSpace,
+                                               same_value, extra_item, canonical,
+                                               make_intervention, normalize)
+
+SEED_DIR = pathlib.Path(__file__).resolve().parent / "seed_skills"
+CATEGORIES = ("reward design", "filter mechanism", "training stability",
+              "evaluation protocol", "cross-domain transfer")
+TEMPLATE_KINDS = ("set", "scale", "add", "remove", "revert")
+FINDING_FIELDS = ("value", "severity", "threshold")
+_NUM_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+            "==": operator.eq, "!=": operator.ne}
+_BINDING_OPS = tuple(_NUM_OPS) + ("contains", "lacks", "in")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
+
+
+class SkillError(ValueError):
+  """A skill file or skill is malformed, or an update contradicts it; names which."""
+
+
+# ------------------------------------------------------------------ the trigger language
+
+
+def _get(f: Any, name: str) -> Any:
+  """A finding's field: `types.Finding`, a ledger FindingRecord, or a dict."""
+  return f.get(name) if isinstance(f, Mapping) else getattr(f, name, None)
+
+
+def check_condition(cond: Any, where: str = "trigger") -> None:
+  """Raises SkillError at the first malformed node, naming its path (e.g. 'trigger.all[1]')."""
+  if not isinstance(cond, Mapping):
+    raise SkillError(f"{where}: a condition is a JSON object, got {cond!r}")
+  combos = [k for k in ("all", "any", "not") if k in cond]
+  leaves = [k for k in ("finding", "binding") if k in cond]
+  if len(combos) + len(leaves) != 1:
+    raise SkillError(f"{where}: needs exactly one of all / any / not / finding / binding, "
+                     f"got keys {sorted(cond)}")
+  if combos:
+    key = combos[0]
+    if set(cond) != {key}:
+      raise SkillError(f"{where}: '{key}' takes no other keys, got {sorted(cond)}")
+    if key == "not":
+      check_condition(cond["not"], f"{where}.not")
+      return
+    if not isinstance(cond[key], list) or not cond[key]:
+      raise SkillError(f"{where}.{key}: a non-empty list of conditions")
+    for i, c in enumerate(cond[key]):
+      check_condition(c, f"{where}.{key}[{i}]")
+    return
+  leaf = leaves[0]
+  allowed = {leaf, "op", "value", "and"} | ({"field"} if leaf == "finding" else set())
+  extra = set(cond) - allowed
+  if extra:
+    raise SkillError(f"{where}: unknown keys {sorted(extra)} (allowed: {sorted(allowed)})")
+  if not isinstance(cond[leaf], str) or not cond[leaf]:
+    raise SkillError(f"{where}.{leaf}: a name, got {cond[leaf]!r}")
+  if ("op" in cond) != ("value" in cond) or (leaf == "binding" and "op" not in cond):
+    raise SkillError(f"{where}: 'op' and 'value' go together"
+                     + (" (a binding condition needs both)" if leaf == "binding" else ""))
+  if "op" in cond:
+    ops = _BINDING_OPS if leaf == "binding" else tuple(_NUM_OPS)
+    if cond["op"] not in ops:
+      raise SkillError(f"{where}.op: {cond['op']!r}; expected one of {list(ops)}")
+    if leaf == "finding" and not _is_number(cond["value"]):
+      raise SkillError(f"{where}.value: a number, got {cond['value']!r}")
+    if cond["op"] == "in" and not isinstance(cond["value"], list):
+      raise SkillError(f"{where}.value: 'in' takes a list, got {cond['value']!r}")
+  if cond.get("field", "value") not in FINDING_FIELDS:
+    raise SkillError(f"{where}.field: {cond['field']!r}; expected one of {FINDING_FIELDS}")
+  if "and" in cond:
+    if not isinstance(cond["and"], list) or not cond["and"]:
+      raise SkillError(f"{where}.and: a non-empty list of conditions")
+    for i, c in enumerate(cond["and"]):
+      check_condition(c, f"{where}.and[{i}]")
+
+
+def _is_number(x: Any) -> bool:
+  return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _binding_test(op: str, have: Any, want: Any) -> bool:
+  if op in ("contains", "lacks"):
+    if isinstance(have, dict):
+      found = want in have
+    elif isinstance(have, list):
+      found = any(same_value(x, want) for x in have)
+    elif isinstance(have, str):
+      found = str(want) in have
+    else:
+      found = False
+    return found if op == "contains" else not found
+  if op == "in":
+    return any(same_value(have, w) for w in want)
+  if op in ("==", "!="):
+    return same_value(have, want) == (op == "==")
+  return _is_number(have) and _is_number(want) and _NUM_OPS[op](have, want)
+
+
+def evaluate(cond: Mapping, findings: Sequence, bindings: Optional[Mapping] = None
+             ) -> tuple[bool, list]:
+  """(whether `cond` holds, the findings that made its finding-conditions true)."""
+  if "all" in cond:
+    matched = []
+    for c in cond["all"]:
+      ok, m = evaluate(c, findings, bindings)
+      if not ok:
+        return False, []
+      matched += m
+    return True, matched
+  if "any" in cond:
+    results = [evaluate(c, findings, bindings) for c in cond["any"]]
+    return any(ok for ok, _ in results), [f for ok, m in results if ok for f in m]
+  if "not" in cond:
+    return not evaluate(cond["not"], findings, bindings)[0], []
+  if "finding" in cond:
+    field = cond.get("field", "value")
+    matched = [f for f in findings if _get(f, "kind") == cond["finding"]]
+    if "op" in cond:
+      matched = [f for f in matched if _is_number(_get(f, field))
+                 and not math.isnan(_get(f, field))
+                 and _NUM_OPS[cond["op"]](_get(f, field), cond["value"])]
+    ok = bool(matched)
+  else:
+    bindings = bindings or {}
+    ok = cond["binding"] in bindings and _binding_test(
+        cond["op"], normalize(bindings[cond["binding"]]), normalize(cond["value"]))
+    matched = []
+  for c in cond.get("and", ()):
+    if not ok:
+      break
+    sub_ok, m = evaluate(c, findings, bindings)
+    ok, matched = sub_ok, matched + m
+  return ok, (matched if ok else [])
+
+
+# ------------------------------------------------------------------ intervention templates
+
+
+def check_template(t: Any, where: str = "intervention") -> None:
+  """Raises SkillError when an intervention template is malformed."""
+  if not isinstance(t, Mapping):
+    raise SkillError(f"{where}: a JSON object, got {t!r}")
+  kind = t.get("kind")
+  if kind not in TEMPLATE_KINDS:
+    raise SkillError(f"{where}.kind: {kind!r}; expected one of {TEMPLATE_KINDS}")
+  if not isinstance(t.get("binding"), str) or not t["binding"]:
+    raise SkillError(f"{where}.binding: a gin binding like 'Learner.clip_high'")
+  need = {"set": {"value"}, "scale": {"factor"}, "revert": set(),
+          "add": {"component"} if "component" in t else {"key", "value"},
+          "remove": {"component"} if "component" in t else {"key"}}[kind]
+  allowed = {"binding", "kind", "key"} | need
+  missing, extra = need - set(t), set(t) - allowed
+  if missing or extra:
+    raise SkillError(f"{where}: kind {kind!r} needs {sorted(need)}; missing "
+                     f"{sorted(missing)}, unexpected {sorted(extra)}")
+  if kind == "scale" and not (_is_number(t["factor"]) and t["factor"] > 0):
+    raise SkillError(f"{where}.factor: a positive number, got {t['factor']!r}")
+  if "component" in t and not (isinstance(t["component"], str)
+                               and t["component"].strip().startswith("@")):
+    raise SkillError(f"{where}.component: a gin reference like '@DropZeroVarianceGroups()'")
+
+
+def template_of(iv: Intervention) -> dict:
+  """The template that reproduces `iv` (for a skill learned from a successful change)."""
+  t = {"binding": iv.binding, "kind": iv.kind}
+  if isinstance(iv.new, dict) or isinstance(iv.old, dict):
+    t["key"] = iv.key
+    if iv.kind != "remove":
+      t["value"] = iv.new[iv.key]
+  elif iv.kind in ("add", "remove"):
+    longer, shorter = (iv.new, iv.old or []) if iv.kind == "add" else (iv.old, iv.new)
+    t["component"] = extra_item(longer, shorter)
+  else:
+    t["value"] = iv.new
+  return t
+
+
+def _scaled(x: Any, factor: float) -> Any:
+  if not _is_number(x):
+    raise SkillError(f"cannot scale the non-number {x!r}")
+  if isinstance(x, int):
+    return max(1, int(round(x * factor)))
+  return float(f"{x * factor:.6g}")
+
+
+# ------------------------------------------------------------------ the skill record
+
+
+@dataclasses.dataclass(frozen=True)
+class Skill:
+  """One skill (a file `<name>.json`).
+
+  `domains` holds the evidence: {domain: {"successes": n, "failures": m}}; `history`
+  the outcomes that produced it ({"version", "domain", "success"}), so that recording
+  the same outcome twice (a resumed run) counts once.
+  """
+
+  name: str
+  category: str
+  description: str
+  trigger: dict
+  intervention: dict
+  expected_outcome: str
+  validation_criterion: str
+  domains: dict = dataclasses.field(default_factory=dict)
+  harness: dict = dataclasses.field(default_factory=dict)  # {"enable": [names]}
+  history: tuple = ()
+  source: str = "seed"  # 'seed' or 'learned'
+
+  def __hash__(self) -> int:
+    return hash(self.name)
+
+  @property
+  def successes(self) -> int:
+    return sum(d.get("successes", 0) for d in self.domains.values())
+
+  @property
+  def failures(self) -> int:
+    return sum(d.get("failures", 0) for d in self.domains.values())
+
+  @property
+  def evidence(self) -> int:
+    """successes - failures: the first ranking key of `SkillLibrary.matching`."""
+    return self.successes - self.failures
+
+  @property
+  def domains_validated(self) -> list:
+    """Domains with at least one success and more successes than failures."""
+    return sorted(d for d, c in self.domains.items()
+                  if c.get("successes", 0) >= 1 and c.get("successes", 0) > c.get("failures", 0))
+
+  @property
+  def cross_domain(self) -> bool:
+    """True only once the skill was validated in two domains (METHOD.md)."""
+    return len(self.domains_validated) >= 2
+
+  def triggered(self, findings: Sequence, bindings: Optional[Mapping] = None
+                ) -> tuple[bool, list]:
+    """(whether the trigger holds, the findings it matched)."""
+    return evaluate(self.trigger, findings, bindings)
+
+  def instantiate(self, values: Mapping[str, Any], previous: Optional[Mapping] = None,
+                  space: Optional[SearchSpace] = None) -> Optional[Intervention]:
+    """The concrete Intervention from the current `values` ({binding: value}).
+
+    `previous`: {binding: value before its last change} (`Ledger.binding_history`), for
+    'revert'. Returns None when there is nothing to change (the component is already
+    there, the key already gone, ...). With `space`, the result is validated
+    (SearchSpaceError when it is outside the space).
+    """
+    t = self.intervention
+    b = t["binding"]
+    if b not in values:
+      raise SkillError(f"skill {self.name}: no current value for {b}")
+    cur, kind, key = normalize(values[b]), t["kind"], t.get("key")
+    if kind == "revert":
+      if not previous or b not in previous:
+        raise SkillError(f"skill {self.name}: 'revert' needs the value of {b} before its "
+                         f"last change")
+      new = normalize(previous[b])
+    elif "component" in t:
+      comp = t["component"]
+      items = list(cur or [])
+      present = any(same_value(comp, x) for x in items)
+      if kind == "add" and present or kind == "remove" and not present:
+        return None
+      new = items + [comp] if kind == "add" else [x for x in items if not same_value(x, comp)]
+      knob = space and next((k for k in space.knobs if k.binding == b), None)
+      if isinstance(knob, ComponentListKnob):
+        key = knob.name_of(comp)
+      cur = items
+    elif key is not None:
+      cur = dict(cur or {})
+      if kind == "remove":
+        if key not in cur:
+          return None
+        new = {k: v for k, v in cur.items() if k != key}
+      elif kind == "add" and key in cur:
+        return None
+      elif kind == "scale":
+        if key not in cur:
+          raise SkillError(f"skill {self.name}: cannot scale absent entry {b}[{key!r}]")
+        new = {**cur, key: _scaled(cur[key], t["factor"])}
+      else:
+        new = {**cur, key: normalize(t["value"])}
+    elif kind == "scale":
+      new = _scaled(cur, t["factor"])
+    else:
+      new = normalize(t["value"])
+    if canonical(new) == canonical(cur):
+      return None
+    iv = make_intervention(b, cur, new, key=key)
+    if space is not None:
+      space.validate(iv)
+    return iv
+
+  def to_dict(self) -> dict:
+    d = {"name": self.name, "category": self.category, "description": self.description,
+         "trigger": self.trigger, "intervention": self.intervention,
+         "expected_outcome": self.expected_outcome,
+         "validation_criterion": self.validation_criterion, "harness": self.harness,
+         "domains": self.domains, "history": list(self.history), "source": self.source}
+    # Written for people; recomputed on load, never read back.
+    d["summary"] = {"successes": self.successes, "failures": self.failures,
+                    "domains_validated": self.domains_validated,
+                    "cross_domain": self.cross_domain}
+    return d
+
+  @classmethod
+  def from_dict(cls, d: Any, where: str = "skill") -> "Skill":
+    """Builds and checks a skill; every error names `where` (the file) and the field."""
+    if not isinstance(d, Mapping):
+      raise SkillError(f"{where}: a skill is a JSON object")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    extra = set(d) - fields - {"summary"}
+    if extra:
+      raise SkillError(f"{where}: unknown fields {sorted(extra)}")
+    required = ("name", "category", "description", "trigger", "intervention",
+                "expected_outcome", "validation_criterion")
+    missing = [k for k in required if k not in d]
+    if missing:
+      raise SkillError(f"{where}: missing fields {missing}")
+    if not isinstance(d["name"], str) or not _NAME.match(d["name"]):
+      raise SkillError(f"{where}: name {d['name']!r} must match {_NAME.pattern}")
+    if d["category"] not in CATEGORIES:
+      raise SkillError(f"{where}: category {d['category']!r}; expected one of {CATEGORIES}")
+    try:
+      check_condition(d["trigger"])
+      check_template(d["intervention"])
+    except SkillError as e:
+      raise SkillError(f"{where}: {e}") from None
+    domains = d.get("domains", {}) or {}
+    for dom, c in domains.items():
+      if not (isinstance(c, Mapping) and set(c) <= {"successes", "failures"}
+              and all(isinstance(v, int) and v >= 0 for v in c.values())):
+        raise SkillError(f"{where}: domains[{dom!r}] must be {{'successes': n, "
+                         f"'failures': m}} with counts >= 0, got {c!r}")
+    harness = d.get("harness", {}) or {}
+    if set(harness) - {"enable"} or not all(isinstance(n, str)
+                                            for n in harness.get("enable", [])):
+      raise SkillError(f"{where}: harness must be {{'enable': [diagnostic or validator "
+                       f"names]}}, got {harness!r}")
+    return cls(name=d["name"], category=d["category"], description=d["description"],
+               trigger=dict(d["trigger"]), intervention=dict(d["intervention"]),
+               expected_outcome=d["expected_outcome"],
+               validation_criterion=d["validation_criterion"],
+               domains={k: {"successes": int(v.get("successes", 0)),
+                            "failures": int(v.get("failures", 0))}
+                        for k, v in domains.items()},
+               harness=dict(harness), history=tuple(d.get("history", ())),
+               source=d.get("source", "seed"))
+
+
+# ------------------------------------------------------------------ the library
+
+
+def _write_atomic(path: pathlib.Path, text: str) -> None:
+  """Write-then-rename in the same directory, fsynced: a reader sees the old or the new."""
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+  dfd = os.open(path.parent, os.O_RDONLY)
+  try:
+    os.fsync(dfd)
+  finally:
+    os.close(dfd)
+
+
+def _text(skill: Skill) -> str:
+  return json.dumps(skill.to_dict(), indent=2) + "\n"
+
+
+def load_skill(path: str | os.PathLike) -> Skill:
+  """Reads one skill file; SkillError names the file and what is wrong."""
+  path = pathlib.Path(path)
+  try:
+    data = json.loads(path.read_text())
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise SkillError(f"skill file {path}: {e}") from None
+  skill = Skill.from_dict(data, where=f"skill file {path}")
+  if skill.name != path.stem:
+    raise SkillError(f"skill file {path}: name {skill.name!r} differs from the file name "
+                     f"(expected {path.stem!r})")
+  return skill
+
+
+class SkillLibrary:
+  """The skills of one directory (`*.json`, one skill per file)."""
+
+  def __init__(self, directory: str | os.PathLike):
+    self.directory = pathlib.Path(directory)
+    if not self.directory.is_dir():
+      raise SkillError(f"skills directory {self.directory} does not exist")
+    self._skills = {}
+    for path in sorted(self.directory.glob("*.json")):
+      skill = load_skill(path)
+      self._skills[skill.name] = skill
+
+  @classmethod
+  def seeded(cls, directory: str | os.PathLike,
+             sources: Iterable[str | os.PathLike] = (SEED_DIR,)) -> "SkillLibrary":
+    """The library at `directory` (created), after copying in every skill file of
+    `sources` (default: the seed skills) whose name it does not hold yet. Pass an
+    earlier run's skills directory as a source, or as `directory`, to reuse what it learned.
+    """
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for src in sources:
+      for path in sorted(pathlib.Path(src).glob("*.json")):
+        dest = directory / path.name
+        if not dest.exists():
+          load_skill(path)  # refuse to spread a broken file
+          tmp = directory / f".{path.name}.copy"
+          shutil.copyfile(path, tmp)
+          os.replace(tmp, dest)
+    return cls(directory)
+
+  def __len__(self) -> int:
+    return len(self._skills)
+
+  def __iter__(self):
+    return iter(self._skills.values())
+
+  def __contains__(self, name: str) -> bool:
+    return name in self._skills
+
+  @property
+  def skills(self) -> list:
+    return list(self._skills.values())
+
+  def get(self, name: str) -> Skill:
+    if name not in self._skills:
+      raise SkillError(f"no skill {name!r} in {self.directory} (have: {sorted(self._skills)})")
+    return self._skills[name]
+
+  def matching(self, findings: Sequence, bindings: Optional[Mapping] = None) -> list:
+    """Skills whose trigger holds, best first: by evidence (successes - failures), then
+    by the largest severity among the findings that triggered it, then by name."""
+    ranked = []
+    for s in self._skills.values():
+      ok, matched = s.triggered(findings, bindings)
+      if ok:
+        severity = max([float(_get(f, "severity") or 0.0) for f in matched], default=0.0)
+        ranked.append((-s.evidence, -severity, s.name, s))
+    return [r[-1] for r in sorted(ranked, key=lambda r: r[:3])]
+
+  def add(self, skill: Skill) -> Skill:
+    """Writes a new skill file. The same skill again is a no-op; another skill under a
+    name that exists is an error."""
+    Skill.from_dict(skill.to_dict(), where=f"skill {skill.name!r}")  # validate
+    if skill.name in self._skills:
+      if _text(self._skills[skill.name]) != _text(skill):
+        raise SkillError(f"skill {skill.name!r} already exists in {self.directory} with "
+                         f"other content")
+      return self._skills[skill.name]
+    _write_atomic(self.directory / f"{skill.name}.json", _text(skill))
+    self._skills[skill.name] = skill
+    return skill
+
+  def record_outcome(self, skill: Skill | str, domain: str, success: bool,
+                     version: Optional[str] = None) -> Skill:
+    """Counts one success or failure of `skill` in `domain` and rewrites its file
+    atomically. With `version`, recording the same (version, domain) again is a no-op
+    (and with the opposite result an error), so a resumed run does not count twice."""
+    name = skill if isinstance(skill, str) else skill.name
+    s = self.get(name)
+    if version is not None:
+      for h in s.history:
+        if h.get("version") == version and h.get("domain") == domain:
+          if bool(h.get("success")) != bool(success):
+            raise SkillError(f"skill {name}: {version} in {domain} is recorded as "
+                             f"{'success' if h.get('success') else 'failure'}, not "
+                             f"{'success' if success else 'failure'}")
+          return s
+    counts = dict(s.domains.get(domain, {"successes": 0, "failures": 0}))
+    counts["successes" if success else "failures"] += 1
+    history = s.history + (({"version": version, "domain": domain,
+                             "success": bool(success)},) if version is not None else ())
+    new = dataclasses.replace(s, domains={**s.domains, domain: counts}, history=history)
+    _write_atomic(self.directory / f"{name}.json", _text(new))
+    self._skills[name] = new
+    return new
+
+
+__all__ = ["CATEGORIES", "SEED_DIR", "Skill", "SkillError", "SkillLibrary", "TEMPLATE_KINDS",
+           "check_condition", "check_template", "evaluate", "load_skill", "template_of"]

@@ -1,0 +1,1 @@
+"""Evolution controller tests: host-side only, hand-computed expectations, no JAX compute."""
