@@ -1,0 +1,112 @@
+"""How the controller trains a branch, without touching JAX itself.
+
+The controller hands a `Trainer` a parent checkpoint path plus gin bindings and gets back
+a `BranchResult`: held-out figures with per-problem scores (for a paired bootstrap), the
+training series (BC and proxy reward per step), the new checkpoint and the rollouts.
+
+`SubprocessTrainer` runs `python -m evotrainer.launch ... run.mode='branch'` in a child
+process per branch: a crash or a hang costs one branch, the run's gin plus the branch's
+bindings is exactly what a person would type to replay it, and a branch whose
+`branch_result.json` exists is not trained again (resume after kill -9).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from typing import Optional, Protocol, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class BranchResult:
+  """What one branch training returns to the controller."""
+
+  version: str
+  checkpoint: str  # directory of the saved model (parent of the next branches)
+  final: dict  # held-out figures after training, e.g. {'avg8', 'pass8', 'greedy'}
+  initial: dict  # the same figures before training (the parent's, on this eval)
+  per_problem: dict  # {task_id: mean correctness over the k samples} (held-out)
+  series: dict  # {'correct': [per step], 'reward': [per step]}: BC and the proxy
+  rollouts: str  # RolloutStore root holding the branch's episodes
+  steps: int = 0
+  workdir: str = ""
+
+  @classmethod
+  def from_json(cls, data: dict, workdir: str = "") -> "BranchResult":
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names}, workdir=workdir)
+
+
+class Trainer(Protocol):
+
+  def train(self, *, version: str, parent_checkpoint: Optional[str], bindings: Sequence[str],
+            seed: int, workdir: str) -> BranchResult:
+    """Trains `version` from `parent_checkpoint` (None: the root policy) under `bindings`
+    (gin binding strings) in `workdir`."""
+    ...
+
+
+class BranchFailed(RuntimeError):
+  """A branch's training process failed; the message holds the tail of its log."""
+
+
+class SubprocessTrainer:
+  """Trains each branch in a child process running `evotrainer.launch` in branch mode.
+
+  Args:
+    gin_files: the run's gin files (the same for every branch).
+    bindings: the run's own extra bindings (before each branch's).
+    imports: modules for `--import`.
+    timeout_s: wall-clock limit of one branch.
+    env: extra environment variables for the child.
+  """
+
+  def __init__(self, gin_files: Sequence[str], bindings: Sequence[str] = (),
+               imports: Sequence[str] = (), timeout_s: float = 3600,
+               env: Optional[dict] = None):
+    self.gin_files = list(gin_files)
+    self.bindings = list(bindings)
+    self.imports = list(imports)
+    self.timeout_s = timeout_s
+    self.env = dict(env or {})
+
+  def command(self, *, version: str, parent_checkpoint: Optional[str],
+              bindings: Sequence[str], seed: int, workdir: str) -> list[str]:
+    cmd = [sys.executable, "-m", "evotrainer.launch", f"--workdir={workdir}"]
+    cmd += [f"--gin_file={f}" for f in self.gin_files]
+    cmd += [f"--import={m}" for m in self.imports]
+    own = ["run.mode = 'branch'", f"run.seed = {int(seed)}",
+           f"branch.version = {json.dumps(version)}",
+           f"branch.parent = {json.dumps(parent_checkpoint) if parent_checkpoint else 'None'}"]
+    cmd += [f"--gin_bindings={b}" for b in [*self.bindings, *bindings, *own]]
+    return cmd
+
+  def train(self, *, version: str, parent_checkpoint: Optional[str], bindings: Sequence[str],
+            seed: int, workdir: str) -> BranchResult:
+    path = pathlib.Path(workdir) / "branch_result.json"
+    if path.exists():
+      return BranchResult.from_json(json.loads(path.read_text()), workdir)
+    pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
+    log_path = pathlib.Path(workdir) / "branch.log"
+    cmd = self.command(version=version, parent_checkpoint=parent_checkpoint,
+                       bindings=bindings, seed=seed, workdir=workdir)
+    start = time.time()
+    with open(log_path, "ab") as log:
+      log.write(("$ " + " ".join(cmd) + "\n").encode())
+      log.flush()
+      try:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, **self.env}, timeout=self.timeout_s)
+        rc = proc.returncode
+      except subprocess.TimeoutExpired:
+        rc = "timeout"
+    if rc != 0 or not path.exists():
+      tail = log_path.read_text(errors="replace")[-3000:]
+      raise BranchFailed(f"branch {version} failed ({rc}) after {time.time() - start:.0f}s; "
+                         f"log {log_path}:\n{tail}")
+    return BranchResult.from_json(json.loads(path.read_text()), workdir)
