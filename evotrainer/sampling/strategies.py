@@ -42,8 +42,12 @@ def inverse_cdf_sample(rng: jax.Array, logits: jax.Array) -> jax.Array:
   chosen index is the first whose cumulative mass exceeds u * total, and the mass
   strictly grows there.
   """
-  b, v = logits.shape
-  probs = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))  # [B, V]
+  return _sample_from_weights(rng, jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True)))
+
+
+def _sample_from_weights(rng: jax.Array, probs: jax.Array) -> jax.Array:
+  """Inverse-CDF draw from unnormalized non-negative weights [B, V] -> [B] int32."""
+  b, v = probs.shape
   u = jax.random.uniform(rng, (b, 1), jnp.float32)
   block = _CDF_BLOCK if v % _CDF_BLOCK == 0 and v > _CDF_BLOCK else v
   if block == v:
@@ -88,17 +92,22 @@ def select(logits: jax.Array, rng: jax.Array, temperature: jax.Array, *, top_k: 
     ids [B] int32 and logprobs [B] float32.
   """
   logits = logits.astype(jnp.float32)
+  scaled = logits if greedy else logits / temperature
+  # One pass of exp over the vocabulary serves both the log-prob (log-sum-exp) and, when
+  # nothing is filtered, the draw itself; the full log_softmax is never materialized.
+  m = jnp.max(scaled, axis=-1, keepdims=True)
+  weights = jnp.exp(scaled - m)  # [B, V]
+  log_z = jnp.log(jnp.sum(weights, axis=-1))  # [B]
   if greedy:
-    ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-  else:
-    scaled = logits / temperature
-    logp = jax.nn.log_softmax(scaled, axis=-1)
+    ids = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
+  elif top_k or top_p < 1.0:
     filtered = scaled
     if top_k:
       filtered = top_k_mask(filtered, top_k)
     if top_p < 1.0:
       filtered = top_p_mask(filtered, top_p)
     ids = inverse_cdf_sample(rng, filtered)
-  chosen = jnp.take_along_axis(logp, ids[:, None], axis=-1)[:, 0]
+  else:
+    ids = _sample_from_weights(rng, weights)
+  chosen = jnp.take_along_axis(scaled, ids[:, None], axis=-1)[:, 0] - m[:, 0] - log_z
   return ids, chosen
