@@ -1,0 +1,207 @@
+"""Proposers: from the incumbent's findings to ranked single-factor hypotheses.
+
+METHOD.md steps 3-4: each proposal is one falsifiable statement, "change X, expect Y
+because Z", carried by exactly one `Intervention` inside the search space.
+
+  skills   (default) the incumbent's findings ranked by severity; interventions from the
+           matching skills first (best evidence first), then the per-finding `CATALOG`,
+           then exploration (`SearchSpace.neighbours`)
+  recipe   the recipe-search baseline: hyper-parameter knobs only (`RECIPE_GROUPS`),
+           findings ignored; random single-factor neighbours
+  random   random single-factor neighbours over the whole space
+
+A proposer returns more hypotheses than branches: the controller drops those that fail
+their backtest and takes the first K that remain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any, Mapping, Optional, Sequence
+
+from evotrainer.evolution.search_space import Intervention, SearchSpace, SearchSpaceError
+from evotrainer.evolution.skills import SkillError, SkillLibrary
+
+PROPOSERS = ("skills", "recipe", "random")
+RECIPE_GROUPS = ("hyper",)  # knob groups the recipe-search baseline may turn
+SUBTRACTIONS = ("remove",)  # intervention kinds that take something away
+
+# Per-finding catalog: which bindings address a bottleneck, as (substring of the knob's
+# binding, allowed intervention kinds or None for any, what we expect and why). Used when
+# no skill matches; the substrings keep it independent of a particular gin file.
+CATALOG: dict = {
+    "dead_group_ratio": [
+        ("RewardComposer.parts", ("add",), "DGR falls: a continuous part separates rows "
+         "of groups whose binary rewards are all equal"),
+        ("group_filters", ("add",), "advantage health rises: dead groups stop diluting "
+         "the update"),
+        ("group_size", None, "fewer dead groups: larger groups are less often uniform")],
+    "reward_spread": [
+        ("RewardComposer.parts", ("add",), "in-group reward spread rises with a "
+         "continuous part")],
+    "advantage_health": [
+        ("group_filters", ("add",), "rows with a non-zero advantage dominate the batch")],
+    "entropy": [
+        ("clip_high", None, "entropy recovers: clip-higher lets low-probability tokens "
+         "grow (DAPO)"),
+        ("entropy", None, "entropy recovers under an explicit bonus"),
+        ("temperature", None, "sampling explores more")],
+    "kl": [("learning_rate", None, "KL drift shrinks with smaller steps"),
+           ("kl", None, "the KL penalty holds the policy near its reference")],
+    "clip_fraction": [("learning_rate", None, "fewer clipped tokens with smaller steps")],
+    "grad_norm": [("learning_rate", None, "no gradient spikes with smaller steps"),
+                  ("grad_norm", None, "clipping bounds the spikes")],
+    "truncation": [("max_new_tokens", None, "fewer truncated completions"),
+                   ("trajectory_filters", ("add",), "truncated rows stop training")],
+    "length_reward_corr": [("RewardComposer.parts", ("remove", "add"), "length stops "
+                            "paying: the part that rewards it goes or a length penalty "
+                            "comes")],
+    "format_failure": [("RewardComposer.parts", ("add",), "fewer unparseable answers "
+                        "under a format reward")],
+    "proxy_true_disagreement": [("RewardComposer.parts", ("remove",), "the proxy and BC "
+                                 "agree again once the gameable part is gone")],
+    "bc": [("learning_rate", None, "BC moves with a different step size"),
+           ("group_size", None, "more rows per prompt find a correct answer")],
+    "score_trend": [("learning_rate", None, "the flat score moves with another step size")],
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Hypothesis:
+  """One proposal: `intervention` with the statement that makes it falsifiable."""
+
+  intervention: Intervention
+  statement: str  # "change X, expect Y because Z"
+  criterion: str  # the success criterion the verification checks
+  source: str  # 'skill' | 'catalog' | 'exploration' | 'recipe' | 'random'
+  group: str = ""  # the knob's group: the layer the change acts on
+  skill: Optional[str] = None
+  finding: Optional[str] = None  # the finding kind it addresses
+
+  @property
+  def is_subtraction(self) -> bool:
+    return self.intervention.kind in SUBTRACTIONS
+
+  def to_dict(self) -> dict:
+    return {"intervention": self.intervention.to_dict(), "statement": self.statement,
+            "criterion": self.criterion, "source": self.source, "group": self.group,
+            "skill": self.skill, "finding": self.finding}
+
+  @classmethod
+  def from_dict(cls, d: Mapping) -> "Hypothesis":
+    return cls(intervention=Intervention.from_dict(d["intervention"]),
+               statement=d["statement"], criterion=d["criterion"], source=d["source"],
+               group=d.get("group", ""), skill=d.get("skill"), finding=d.get("finding"))
+
+
+DEFAULT_CRITERION = ("held-out Avg@8 above the incumbent beyond noise (paired bootstrap "
+                     "lower bound > 0) and every active validator passes")
+
+
+def _sev(f: Any) -> float:
+  v = f.get("severity") if isinstance(f, Mapping) else getattr(f, "severity", 0.0)
+  return float(v or 0.0)
+
+
+def _kind(f: Any) -> str:
+  return f.get("kind") if isinstance(f, Mapping) else getattr(f, "kind", "")
+
+
+def _group(space: SearchSpace, iv: Intervention) -> str:
+  return space.knob_for(iv).group
+
+
+def _exploration(space: SearchSpace, values: Mapping, rng: random.Random, k: int,
+                 source: str, why: str) -> list:
+  return [Hypothesis(iv, f"change {iv.description}, expect held-out Avg@8 to rise, because "
+                         f"{why}", DEFAULT_CRITERION, source, _group(space, iv))
+          for iv in space.neighbours(values, rng, k)]
+
+
+def skill_hypotheses(findings: Sequence, values: Mapping, space: SearchSpace,
+                     skills: Optional[SkillLibrary], previous: Optional[Mapping] = None
+                     ) -> list:
+  """Matching skills' interventions (best evidence first), then the catalog's entries for
+  each finding (most severe first)."""
+  out = []
+  for s in (skills.matching(findings, values) if skills is not None else []):
+    try:
+      iv = s.instantiate(values, previous, space)
+    except (SkillError, SearchSpaceError):
+      continue  # the skill's binding is outside this space, or it has nothing to revert
+    if iv is None:
+      continue
+    _, matched = s.triggered(findings, values)
+    kind = _kind(matched[0]) if matched else None
+    out.append(Hypothesis(iv, f"change {iv.description}, expect {s.expected_outcome} "
+                              f"because skill {s.name}: {s.description}",
+                          s.validation_criterion, "skill", _group(space, iv), s.name, kind))
+  for f in sorted(findings, key=lambda f: (-_sev(f), _kind(f))):
+    kind = _kind(f)
+    message = f.get("message") if isinstance(f, Mapping) else getattr(f, "message", "")
+    for sub, kinds, expect in CATALOG.get(kind, ()):
+      for knob in space.knobs:
+        if sub.lower() not in knob.binding.lower():
+          continue
+        try:
+          cands = knob.candidates(values)
+        except SearchSpaceError:
+          continue
+        for iv in cands:
+          if kinds is None or iv.kind in kinds:
+            out.append(Hypothesis(iv, f"change {iv.description}, expect {expect}, because "
+                                      f"{kind}: {message}", DEFAULT_CRITERION, "catalog",
+                                  knob.group, None, kind))
+  return out
+
+
+def propose(proposer: str, *, findings: Sequence, values: Mapping, space: SearchSpace,
+            skills: Optional[SkillLibrary], rng: random.Random, k: int,
+            exclude: Sequence[str] = (), previous: Optional[Mapping] = None,
+            prefer_subtraction: bool = False, avoid_groups: Sequence[str] = ()) -> list:
+  """Ranked, de-duplicated hypotheses (more than `k` when the space allows).
+
+  Args:
+    proposer: one of PROPOSERS.
+    findings: the incumbent's findings (ignored by 'recipe' and 'random').
+    values: the incumbent's {binding: value} over the space.
+    space: the search space (every proposal is validated by it).
+    skills: the skill library ('skills' only).
+    rng: the generation's random source (exploration order).
+    k: branches wanted; about 4k proposals are returned.
+    exclude: intervention ids already tried from this parent.
+    previous: {binding: value before its last change}, for skills that revert.
+    prefer_subtraction: escalation: 'remove' interventions first.
+    avoid_groups: escalation: interventions on knobs of these groups last (switch layer).
+  """
+  if proposer not in PROPOSERS:
+    raise ValueError(f"proposer={proposer!r}; expected one of {PROPOSERS}")
+  if proposer == "skills":
+    hyps = skill_hypotheses(findings, values, space, skills, previous)
+    hyps += _exploration(space, values, rng, 4 * k, "exploration",
+                         "no skill or catalog entry covers the remaining budget")
+  elif proposer == "recipe":
+    sub = space.restrict(groups=RECIPE_GROUPS)
+    if not len(sub):
+      raise ValueError(f"proposer='recipe': the search space has no knob in groups "
+                       f"{RECIPE_GROUPS} (knob groups: {sorted({k.group for k in space.knobs})})")
+    hyps = _exploration(sub, values, rng, 4 * k, "recipe", "recipe search tries it")
+  else:
+    hyps = _exploration(space, values, rng, 4 * k, "random", "random search tries it")
+  seen, out = set(exclude), []
+  for h in hyps:
+    if h.intervention.id not in seen:
+      seen.add(h.intervention.id)
+      out.append(h)
+  avoid = set(avoid_groups)
+  # Stable sorts: escalation reorders without losing the evidence ranking inside a class.
+  if prefer_subtraction:
+    out.sort(key=lambda h: not h.is_subtraction)
+  if avoid:
+    out.sort(key=lambda h: h.group in avoid)
+  return out
+
+
+__all__ = ["CATALOG", "DEFAULT_CRITERION", "Hypothesis", "PROPOSERS", "RECIPE_GROUPS",
+           "propose", "skill_hypotheses"]

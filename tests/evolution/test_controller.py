@@ -1,0 +1,451 @@
+"""The controller's decisions on scripted trainers (no JAX training, no subprocess)."""
+
+import json
+import random
+import threading
+import time
+
+import pytest
+
+from evotrainer.evolution import stats
+from evotrainer.evolution.controller import Controller
+from evotrainer.evolution.ledger import Ledger
+from evotrainer.evolution.proposers import propose
+from evotrainer.evolution.search_space import (ChoiceKnob, DictWeightKnob, FloatKnob, IntKnob,
+                                               SearchSpace)
+from evotrainer.evolution.skills import SkillLibrary
+from evotrainer.evolution.trainer import BranchResult
+from evotrainer.harness.validators import ProxyTrueDisagreement
+
+PROBLEMS = [f"p{i:03d}" for i in range(100)]
+VALUES = {"Learner.learning_rate": 1e-5, "Harness.estimator": "grpo",
+          "RewardComposer.parts": {"correct": 1.0}, "train.group_size": 8}
+
+
+def space():
+  # From VALUES each knob has one or two single-factor candidates (5 in all):
+  # lr 1e-5 -> 2e-5; estimator -> 'rloo'; parts: add 'hack'; group_size -> 12 or 4.
+  return SearchSpace([
+      FloatKnob("Learner.learning_rate", 1e-5, 1e-4, log=True),
+      ChoiceKnob("Harness.estimator", ["grpo", "rloo"], group="estimator"),
+      DictWeightKnob("RewardComposer.parts", "hack", 0.1, 1.0, initial=0.5),
+      IntKnob("train.group_size", 4, 16, step=4)])
+
+
+class Crash(BaseException):
+  """A kill -9 stand-in: not an Exception, so the controller does not catch it."""
+
+
+class ScriptedTrainer:
+  """Held-out per-problem scores and series as a deterministic function of the bindings.
+
+  `effects` maps a substring of a gin binding to {'delta': held-out gain, 'hack': bool}.
+  Each problem's score is a base + the summed deltas + jitter in [-0.1, 0.1] seeded by
+  (bindings, problem): two branches differ by problem-level noise, as real evals do. A
+  'hack' branch's proxy reward climbs while its training BC stays flat.
+  """
+
+  def __init__(self, effects, crash_at=None):
+    self.effects, self.crash_at, self.calls = effects, crash_at, []
+
+  def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
+    if self.crash_at is not None and len(self.calls) == self.crash_at:
+      raise Crash(version)
+    self.calls.append(version)
+    hit = [e for b in bindings for key, e in self.effects.items() if key in b]
+    delta = sum(e.get("delta", 0.0) for e in hit)
+    hack = any(e.get("hack") for e in hit)
+    key = "|".join(sorted(bindings))
+    per = {}
+    for i, p in enumerate(PROBLEMS):
+      jitter = random.Random(f"{key}|{p}").uniform(-0.1, 0.1)
+      per[p] = 0.2 + 0.4 * i / len(PROBLEMS) + delta + jitter
+    avg = sum(per.values()) / len(per)
+    if hack:  # the proxy climbs, training BC stays flat
+      correct, reward = [0.3] * 10, [0.1 + 0.09 * s for s in range(10)]
+    else:
+      correct = [0.3 + 0.01 * delta * s for s in range(10)]
+      reward = list(correct)
+    return BranchResult(version=version, checkpoint=f"{workdir}/ckpt", final={"avg8": avg},
+                        initial={}, per_problem=per, series={"correct": correct,
+                                                             "reward": reward},
+                        rollouts="", steps=10, workdir=workdir)
+
+
+def make(tmp_path, effects, name="run", trainer=None, **kw):
+  workdir = tmp_path / name
+  ledger = Ledger(workdir / "ledger.sqlite")
+  trainer = trainer or ScriptedTrainer(effects)
+  skills = SkillLibrary.seeded(workdir / "skills")
+  kw.setdefault("branches", 5)
+  kw.setdefault("generations", 1)
+  c = Controller(ledger, trainer, space(), skills, workdir=workdir, values=VALUES, seed=3,
+                 bootstrap_n=1000, **kw)
+  return c, ledger, trainer
+
+
+def by_change(ledger):
+  """{intervention description: version record} of the trained branches."""
+  out = {}
+  for d in ledger.decisions():
+    if d.version_id:
+      out[d.intervention["description"]] = ledger.version(d.version_id)
+  return out
+
+
+def lineage(ledger):
+  inc = ledger.incumbent()
+  return ([(v.id, v.parent, v.status, json.dumps(v.bindings, sort_keys=True))
+           for v in ledger.versions()], inc and inc.id)
+
+
+# ------------------------------------------------------------------ noise
+
+
+def test_bootstrap_identical_scores_not_beyond_noise():
+  scores = {p: 0.1 * (i % 7) for i, p in enumerate(PROBLEMS)}
+  diff, lo, hi = stats.paired_bootstrap(scores, scores, seed=0)
+  assert (diff, lo, hi) == (0.0, 0.0, 0.0)
+  assert not stats.beats(scores, scores)
+
+
+def test_bootstrap_clear_gain_is_beyond_noise():
+  rng = random.Random(0)
+  parent = {p: rng.random() * 0.5 for p in PROBLEMS}
+  child = {p: v + 0.3 + rng.uniform(-0.1, 0.1) for p, v in parent.items()}
+  diff, lo, hi = stats.paired_bootstrap(child, parent, seed=1)
+  assert lo > 0.25 and hi < 0.35 and lo < diff < hi
+  assert stats.beats(child, parent)
+  assert not stats.beats(parent, child)
+
+
+def test_bootstrap_only_shared_problems_and_hand_checked_mean():
+  child = {"a": 1.0, "b": 0.5, "c": 0.0}
+  parent = {"a": 0.0, "b": 0.5, "z": 1.0}
+  diff, lo, hi = stats.paired_bootstrap(child, parent, n=500, seed=0)
+  assert diff == pytest.approx(0.5)  # (1 - 0 + 0.5 - 0.5) / 2
+  assert lo == pytest.approx(0.0) and hi == pytest.approx(1.0)
+  assert all(x != x for x in stats.paired_bootstrap({"a": 1}, {"b": 1}))  # NaN, nothing shared
+
+
+# ------------------------------------------------------------------ promotion
+
+
+EFFECTS = {"'rloo'": {"delta": 0.2}, "2e-05": {"delta": 0.005},
+           "'hack'": {"delta": 0.3, "hack": True}}
+
+
+def test_promotion_beyond_noise_and_validator_rejects_top_proxy(tmp_path):
+  c, ledger, trainer = make(tmp_path, EFFECTS)
+  inc = c.run()
+  br = by_change(ledger)
+  rloo = br["Harness.estimator: 'grpo' -> 'rloo'"]
+  small = br["Learner.learning_rate: 1e-05 -> 2e-05"]
+  hack = next(v for d, v in br.items() if "hack" in d)
+  assert inc.id == rloo.id and rloo.status == "kept"
+  # +0.005 is inside the noise: rejected, with the interval in the reason.
+  assert small.status == "rejected" and small.reason.startswith("not beyond noise")
+  # The hack has the top proxy score AND the top held-out score, and is rejected.
+  gen = [ledger.version(v.id) for v in br.values()]
+  assert max(gen, key=lambda v: v.metrics["proxy_reward"]).id == hack.id
+  assert max(gen, key=lambda v: v.heldout["avg8"]).id == hack.id
+  assert hack.status == "rejected" and "proxy_true_disagreement" in hack.reason
+  d = ledger.decisions(version=hack.id)[0]
+  assert d.outcome == "failure" and "validator proxy_true_disagreement" in d.why
+  assert ledger.decisions(version=rloo.id)[0].outcome == "success"
+  # Common random numbers: every branch of the generation trained with one seed.
+  assert len(trainer.calls) == 1 + 5
+
+
+def test_summary_json_fields(tmp_path):
+  c, ledger, _ = make(tmp_path, EFFECTS)
+  c.run()
+  s = json.loads((tmp_path / "run" / "summary.json").read_text())
+  assert s["mode"] == "evolve" and s["wall_s"] >= 0 and s["incumbent"] == ledger.incumbent().id
+  assert len(s["versions"]) == 6
+  for v in s["versions"]:
+    assert set(v) >= {"id", "parent", "status", "intervention", "heldout_avg8",
+                      "proxy_reward", "reason"}
+  hack = next(v for v in s["versions"] if "hack" in v["intervention"])
+  assert "proxy_true_disagreement" in hack["reason"] and hack["status"] == "rejected"
+  root = s["versions"][0]
+  assert root["id"] == "v0" and root["parent"] is None and root["intervention"] == "(root)"
+
+
+def test_backtest_failure_drops_intervention(tmp_path):
+  seen = []
+
+  def backtester(store_root, version, before, after, iv):
+    seen.append(iv.binding)
+    if iv.binding == "RewardComposer.parts":
+      return {"passed": False, "why": "rescues 0 of 12 dead groups"}
+    return {"passed": True, "why": "criterion met"}
+
+  c, ledger, trainer = make(tmp_path, EFFECTS, backtester=backtester)
+  c.run()
+  # Harness-side only: reward parts and the estimator, not the learner or sampling knobs.
+  assert sorted(seen) == ["Harness.estimator", "RewardComposer.parts"]
+  dropped = [d for d in ledger.decisions() if d.outcome == "dropped"]
+  assert len(dropped) == 1 and dropped[0].version_id is None
+  assert "rescues 0 of 12" in dropped[0].why and dropped[0].backtest["passed"] is False
+  assert not any("hack" in d.intervention["description"] for d in ledger.decisions()
+                 if d.version_id)
+  assert len(trainer.calls) == 1 + 4
+
+
+# ------------------------------------------------------------------ escalation
+
+
+def test_escalation_after_three_rejections(tmp_path):
+  checks = []
+
+  def eval_check():
+    checks.append(1)
+    return True, "verifier, splits and determinism checked"
+
+  worse = {"'rloo'": {"delta": -0.2}, "2e-05": {"delta": -0.2}, "'hack'": {"delta": -0.2},
+           "group_size = 12": {"delta": -0.2}, "group_size = 4": {"delta": -0.2}}
+  c, ledger, _ = make(tmp_path, worse, branches=3, generations=2, eval_check=eval_check)
+  c.run()
+  assert ledger.incumbent().id == "v0"
+  esc = [d for d in ledger.decisions() if d.id.endswith("escalation")]
+  assert [d.id for d in esc] == ["g2-escalation"] and checks == [1]
+  assert "3 consecutive rejections" in esc[0].hypothesis
+  assert "prefer a subtraction" in esc[0].why and "switch layer" in esc[0].why
+  plan2 = ledger.get_meta("controller/plan/2")
+  assert plan2["escalation"]["avoid_groups"]  # the failed layers come last
+  # The failed layers are those of generation 1's branches (all rejected).
+  groups1 = {b["hypothesis"]["group"] for b in ledger.get_meta("controller/plan/1")["branches"]}
+  assert set(plan2["escalation"]["avoid_groups"]) == groups1
+
+
+def test_second_escalation_rolls_back_to_the_last_good_version(tmp_path):
+  effects = {"'rloo'": {"delta": 0.2}, "2e-05": {"delta": -0.3}, "'hack'": {"delta": -0.3},
+             "group_size": {"delta": -0.3}}
+  c, ledger, _ = make(tmp_path, effects, branches=5, generations=3, escalate_after=2)
+  c.run()
+  kept = ledger.get_meta("controller/evaluated/1")["promoted"]
+  assert ledger.version(kept).status == "kept"
+  # Generation 2 rejects all 5 branches of `kept` (>= 2 * escalate_after): generation 3
+  # escalates with a rollback to the last good version before it.
+  esc = ledger.get_meta("controller/plan/3")["escalation"]
+  assert esc["rollback"] == "v0"
+  assert ledger.get_meta("controller/plan/3")["parent"] == "v0"
+  assert "rolled back from" in ledger.decision("g3-escalation").why
+
+
+def test_escalation_ordering_switches_layer_and_prefers_subtraction():
+  values = {**VALUES, "RewardComposer.parts": {"correct": 1.0, "hack": 0.5}}
+  base = propose("random", findings=[], values=values, space=space(), skills=None,
+                 rng=random.Random(0), k=3)
+  sub = propose("random", findings=[], values=values, space=space(), skills=None,
+                rng=random.Random(0), k=3, prefer_subtraction=True)
+  assert sub[0].intervention.kind == "remove" and base[0].intervention.kind != "remove"
+  assert sorted(h.intervention.id for h in sub) == sorted(h.intervention.id for h in base)
+  moved = propose("random", findings=[], values=values, space=space(), skills=None,
+                  rng=random.Random(0), k=3, avoid_groups=["hyper", "reward"])
+  groups = [h.group for h in moved]
+  assert groups[0] == "estimator" and set(groups[1:]) <= {"hyper", "reward"}
+  tried = propose("random", findings=[], values=values, space=space(), skills=None,
+                  rng=random.Random(0), k=3, exclude=[base[0].intervention.id])
+  assert base[0].intervention.id not in {h.intervention.id for h in tried}
+
+
+def test_failing_eval_check_halts_with_a_record(tmp_path):
+  from evotrainer.evolution.controller import EvaluationPipelineError
+  worse = {k: {"delta": -0.2} for k in ("'rloo'", "2e-05", "'hack'", "group_size")}
+  c, ledger, _ = make(tmp_path, worse, branches=3, generations=2,
+                      eval_check=lambda: (False, "verifier accepts a known-wrong answer"))
+  with pytest.raises(EvaluationPipelineError, match="known-wrong"):
+    c.run()
+  assert ledger.decision("g2-escalation").outcome == "failure"
+
+
+# ------------------------------------------------------------------ harness evolution
+
+
+def test_revised_harness_demotes_a_kept_version(tmp_path):
+  # No validator at first: the hack (highest held-out score) is kept...
+  c, ledger, _ = make(tmp_path, EFFECTS, validators=[])
+  c.run()
+  hack = next(v for d, v in by_change(ledger).items() if "hack" in d)
+  hack = ledger.version(hack.id)
+  # ... then the gap "proxy rises while BC is flat" adds proxy_true_disagreement, the
+  # kept versions are re-checked, the hack is demoted and the incumbent rolls back.
+  assert hack.status == "rejected"
+  assert "demoted under harness h1" in hack.reason
+  assert "proxy_true_disagreement" in hack.reason
+  assert ledger.incumbent().id == "v0"
+  h1 = ledger.harness_version("h1")
+  assert h1.parent == "h0" and "proxy_true_disagreement" in h1.validators
+  assert "signal ambiguous" in h1.reason
+  assert ledger.decisions(version=hack.id)[0].outcome == "success"  # its original verdict
+  # The next generation runs under the revised harness and from the rolled-back incumbent.
+  c2 = Controller(ledger, ScriptedTrainer(EFFECTS), space(), None, workdir=tmp_path / "run",
+                  values=VALUES, seed=3, branches=2, generations=2, bootstrap_n=500)
+  c2.run()
+  assert ledger.get_meta("controller/plan/2")["parent"] == "v0"
+  assert ledger.get_meta("controller/plan/2")["harness"] == "h1"
+
+
+def test_demotion_prunes_kept_descendants(tmp_path):
+  c, ledger, _ = make(tmp_path, EFFECTS, validators=[], generations=0)
+  c.run()
+  with ledger.transaction():
+    ledger.add_version("v1.0", "v0", bindings={"x": 1}, status="running")
+    ledger.add_version("v2.0", "v1.0", bindings={"y": 1}, status="running")
+  tr = ScriptedTrainer({})
+  for vid, hack in (("v1.0", True), ("v2.0", False)):
+    r = tr.train(version=vid, parent_checkpoint=None, bindings=["'hack'"] if hack else [],
+                 seed=0, workdir=str(tmp_path))
+    if hack:
+      r = BranchResult(**{**r.__dict__, "series": {"correct": [0.3] * 10,
+                                                   "reward": [0.1 * s for s in range(10)]}})
+    c._store_result(vid, r)
+  ledger.promote("v1.0", "kept")
+  ledger.promote("v2.0", "kept")
+  from evotrainer.harness.validators import run_validators
+  with ledger.transaction():
+    c._recheck("h9", [ProxyTrueDisagreement()], run_validators)
+  assert ledger.version("v1.0").status == "rejected"
+  assert ledger.version("v2.0").status == "pruned"
+  assert "descends from demoted v1.0" in ledger.version("v2.0").reason
+  assert ledger.incumbent().id == "v0"
+
+
+# ------------------------------------------------------------------ resume
+
+
+RESUME_EFFECTS = {"'rloo'": {"delta": 0.15}, "2e-05": {"delta": 0.1},
+                  "'hack'": {"delta": 0.3, "hack": True}, "group_size = 12": {"delta": 0.05}}
+
+
+def test_resume_after_generations_equals_uninterrupted(tmp_path):
+  full, lf, _ = make(tmp_path, RESUME_EFFECTS, name="full", branches=3, generations=4)
+  full.run()
+  part, lp, t1 = make(tmp_path, RESUME_EFFECTS, name="part", branches=3, generations=2)
+  part.run()
+  del part
+  lp2 = Ledger(tmp_path / "part" / "ledger.sqlite")
+  t2 = ScriptedTrainer(RESUME_EFFECTS)
+  again = Controller(lp2, t2, space(), SkillLibrary(tmp_path / "part" / "skills"),
+                     workdir=tmp_path / "part", values=VALUES, seed=3, bootstrap_n=1000,
+                     branches=3, generations=4)
+  again.run()
+  assert lineage(lp2) == lineage(lf)
+  assert len(lf.versions()) == 1 + 4 * 3
+  assert not set(t1.calls) & set(t2.calls)  # nothing trained twice
+  assert lf.get_meta("controller/generation") == 4
+
+
+@pytest.mark.parametrize("crash_at", [0, 3, 5, 8])
+def test_resume_after_a_crash_mid_generation(tmp_path, crash_at):
+  full, lf, _ = make(tmp_path, RESUME_EFFECTS, name="full", branches=3, generations=3)
+  full.run()
+  trainer = ScriptedTrainer(RESUME_EFFECTS, crash_at=crash_at)
+  c, ledger, _ = make(tmp_path, RESUME_EFFECTS, name="crash", trainer=trainer, branches=3,
+                      generations=3)
+  with pytest.raises(Crash):
+    c.run()
+  before = list(trainer.calls)
+  ledger2 = Ledger(tmp_path / "crash" / "ledger.sqlite")
+  t2 = ScriptedTrainer(RESUME_EFFECTS)
+  Controller(ledger2, t2, space(), SkillLibrary(tmp_path / "crash" / "skills"),
+             workdir=tmp_path / "crash", values=VALUES, seed=3, bootstrap_n=1000, branches=3,
+             generations=3).run()
+  assert lineage(ledger2) == lineage(lf)
+  assert not set(before) & set(t2.calls)
+  assert sorted(before + t2.calls) == sorted(v.id for v in lf.versions())
+
+
+# ------------------------------------------------------------------ proposers
+
+
+def test_recipe_proposer_turns_only_hyper_parameters(tmp_path):
+  c, ledger, _ = make(tmp_path, EFFECTS, proposer="recipe", branches=5, generations=1)
+  c.run()
+  bindings = {d.intervention["binding"] for d in ledger.decisions() if d.version_id}
+  assert bindings == {"Learner.learning_rate", "train.group_size"}
+  assert ledger.findings() == []  # diagnostics ignored
+
+
+def test_random_proposer_covers_the_space(tmp_path):
+  c, ledger, _ = make(tmp_path, EFFECTS, proposer="random", branches=5, generations=1)
+  c.run()
+  assert len({d.intervention["binding"] for d in ledger.decisions() if d.version_id}) == 4
+
+
+def test_skill_proposals_come_first(tmp_path):
+  # A finding that a seed skill matches: proxy rising while BC is flat on the incumbent.
+  class HackRoot(ScriptedTrainer):
+    def train(self, **kw):
+      r = super().train(**kw)
+      if kw["version"] == "v0":
+        r = BranchResult(**{**r.__dict__, "series": {"correct": [0.3] * 10,
+                                                     "reward": [0.1 * s for s in range(10)]}})
+      return r
+
+  values = {**VALUES, "RewardComposer.parts": {"correct": 1.0, "hack": 0.5}}
+  workdir = tmp_path / "skills_run"
+  ledger = Ledger(workdir / "ledger.sqlite")
+  c = Controller(ledger, HackRoot({}), space(), SkillLibrary.seeded(workdir / "skills"),
+                 workdir=workdir, values=values, seed=3, branches=2, generations=1,
+                 bootstrap_n=500)
+  c.run()
+  kinds = [f.kind for f in ledger.findings(version="v0")]
+  assert "proxy_true_disagreement" in kinds
+  plan = ledger.get_meta("controller/plan/1")
+  first = plan["branches"][0]["hypothesis"]
+  assert first["source"] in ("skill", "catalog")
+  assert first["intervention"]["kind"] == "remove"  # the subtraction of the gameable part
+
+
+# ------------------------------------------------------------------ human gates
+
+
+def test_human_gated_waits_for_approve_callable(tmp_path):
+  gates = []
+
+  def approve(gate):
+    gates.append(gate["stage"])
+    assert (tmp_path / "run" / "gate.json").exists()
+    return True
+
+  c, ledger, _ = make(tmp_path, EFFECTS, human_gated=True, approve=approve, poll_s=0.01)
+  c.run()
+  assert gates == ["diagnosis", "design", "backtest", "verification"]
+  assert not (tmp_path / "run" / "gate.json").exists()
+
+
+def test_human_gated_waits_for_approve_file(tmp_path):
+  c, ledger, trainer = make(tmp_path, EFFECTS, human_gated=True, poll_s=0.01,
+                            gate_timeout_s=30)
+  errors = []
+
+  def go():
+    try:
+      c.run()
+    except BaseException as e:  # pylint: disable=broad-except
+      errors.append(e)
+
+  th = threading.Thread(target=go)
+  th.start()
+  gate_path, stages = tmp_path / "run" / "gate.json", []
+  deadline = time.time() + 30
+  while th.is_alive() and time.time() < deadline:
+    if gate_path.exists() and not (tmp_path / "run" / "approve").exists():
+      try:
+        gate = json.loads(gate_path.read_text())
+      except (json.JSONDecodeError, FileNotFoundError):
+        continue
+      if not stages or stages[-1] != gate["stage"]:
+        stages.append(gate["stage"])
+        if gate["stage"] == "diagnosis":
+          time.sleep(0.1)
+          assert len(trainer.calls) == 1  # paused: no branch trained yet
+        (tmp_path / "run" / "approve").touch()
+    time.sleep(0.005)
+  th.join(5)
+  assert not errors and not th.is_alive()
+  assert stages == ["diagnosis", "design", "backtest", "verification"]
+  assert ledger.get_meta("controller/generation") == 1
