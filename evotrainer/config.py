@@ -15,6 +15,10 @@ REPO_GIN_DIR = pathlib.Path(__file__).resolve().parent.parent / "gin"
 INSTALLED_GIN_DIR = pathlib.Path(__file__).resolve().parent / "_gin"
 
 
+# What the command line said (set by launch.py): the evolution replays it for every branch.
+LAUNCH: dict = {}
+
+
 class ConfigError(ValueError):
   """A gin file or binding could not be used; the message names it."""
 

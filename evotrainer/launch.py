@@ -45,6 +45,10 @@ def main(argv) -> None:
   from evotrainer.run import run
   from evotrainer.sharding.mesh import initialize_distributed
 
+  config_lib.LAUNCH.update(gin_files=list(FLAGS.gin_file),
+                           gin_bindings=list(FLAGS.gin_bindings),
+                           gin_search_paths=list(FLAGS.gin_search_paths),
+                           imports=list(FLAGS["import"].value))
   try:
     config_lib.import_modules(FLAGS["import"].value)
     config_lib.parse(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)

@@ -8,6 +8,10 @@ Modes:
            previous branch; none = the warm-started root), train with the operative gin
            (the controller's bindings included), save the model to <workdir>/model and
            write <workdir>/branch_result.json (see `_branch_result`).
+  evolve   the EvoTrainer loop (evotrainer/evolution/controller.py): every branch is a
+           `branch`-mode child process from its parent's model, under the run's gin plus
+           the branch's bindings; the ledger, skills and summary.json live in the workdir.
+  ledger   print the ledger of the run in the workdir as a table.
   sample   build the policy, sample completions for held-out problems, score them.
 """
 
@@ -20,7 +24,7 @@ import time
 
 import gin
 
-MODES = ("train", "branch", "sample")
+MODES = ("train", "branch", "evolve", "ledger", "sample")
 
 
 def _print(msg: str = "") -> None:
@@ -38,6 +42,54 @@ def _write_summary(workdir: str, summary: dict) -> None:
 def branch(parent: str | None = None, version: str = "v0") -> dict:
   """gin knobs of `branch` mode: the parent model directory and this version's name."""
   return {"parent": parent, "version": version}
+
+
+@gin.configurable(module="run")
+def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
+           branches: int = 2, branch_steps: int = 30, proposer: str = "skills",
+           skills_dir: str | None = None, human_gated: bool = False,
+           branch_timeout_s: float = 1800) -> dict:
+  """The evolution run (gin knobs `evolve.*`).
+
+  Args:
+    workdir: the run directory (ledger.sqlite, skills/, versions/<id>/, summary.json).
+    seed: the run's seed (every branch of a generation uses the same one: common random
+      numbers).
+    space: the SearchSpace (gin/evolution/*.gin): the only bindings that may change.
+    generations, branches: generations after the root, branches (K) per generation.
+    branch_steps: RL steps of each branch (`train.steps` in the child).
+    proposer: 'skills' (default), 'recipe' (hyper-parameters only) or 'random'.
+    skills_dir: a skills directory from an earlier run to start from (its skills are
+      copied into this run's skills/ first), else the seed skills shipped with the package.
+    human_gated: pause at the gates until <workdir>/approve exists.
+    branch_timeout_s: wall-clock limit of one branch.
+  """
+  from evotrainer import config as config_lib
+  from evotrainer.evolution.controller import Controller
+  from evotrainer.evolution.ledger import Ledger
+  from evotrainer.evolution.skills import SEED_DIR, SkillLibrary
+  from evotrainer.evolution.trainer import SubprocessTrainer
+
+  launch = config_lib.LAUNCH
+  pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
+  space.check_bindings_exist()
+  trainer = SubprocessTrainer(
+      launch.get("gin_files", ()),
+      [*launch.get("gin_bindings", ()), f"train.steps = {int(branch_steps)}"],
+      imports=launch.get("imports", ()), timeout_s=branch_timeout_s)
+  sources = [skills_dir, SEED_DIR] if skills_dir else [SEED_DIR]
+  skills = SkillLibrary.seeded(pathlib.Path(workdir) / "skills", sources=sources)
+  with Ledger(pathlib.Path(workdir) / "ledger.sqlite") as ledger:
+    controller = Controller(ledger, trainer, space, skills, workdir=workdir, domain="math",
+                            branches=branches, generations=generations, seed=seed,
+                            values=space.current_values(), proposer=proposer,
+                            human_gated=human_gated)
+    incumbent = controller.run()
+    _print(ledger.table())
+    summary = json.loads((pathlib.Path(workdir) / "summary.json").read_text())
+  _print(f"[evotrainer] incumbent {incumbent.id if incumbent else None}; "
+         f"{len(summary.get('versions', []))} versions")
+  return summary
 
 
 @gin.configurable(module="run")
@@ -59,6 +111,17 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   """
   if mode not in MODES:
     raise ValueError(f"run.mode={mode!r}; expected one of {MODES}")
+  if mode == "evolve":  # the controller itself never touches JAX
+    start = time.time()
+    summary = evolve(workdir, seed)
+    summary["wall_s"] = round(time.time() - start, 2)
+    _write_summary(workdir, summary)
+    return summary
+  if mode == "ledger":
+    from evotrainer.evolution.ledger import Ledger
+    with Ledger(pathlib.Path(workdir) / "ledger.sqlite") as ledger:
+      _print(ledger.table())
+    return {}
   import jax  # after flags: XLA_FLAGS set by the user apply
 
   from evotrainer import config as config_lib
@@ -74,7 +137,9 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   jax.set_mesh(mesh)
   _print(f"[evotrainer] mode={mode} workdir={workdir} devices={jax.device_count()} "
          f"mesh={dict(mesh.shape)}")
-  train_problems = task.train_problems(tokenizer_texts, seed)
+  # The tokenizer's text does not depend on the run seed: every run and every branch of
+  # an evolution must share one vocabulary, or a parent's weights would mean nothing.
+  train_problems = task.train_problems(tokenizer_texts, 0)
   texts = [task.format_prompt(p) + " " + p.solution for p in train_problems]
   model, tok = policy(texts, mesh, LEARNER_RULES)
   c = model.config
@@ -86,7 +151,7 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   summary = {"mode": mode, "seed": seed,
              "model": {"architecture": c.architecture, "params": c.num_params(),
                        "source": "scratch" if scratch else "hf"}}
-  if scratch and warm_start:
+  if scratch and warm_start and not (mode == "branch" and branch()["parent"]):
     from evotrainer.learner.warmstart import warm_start as warm_start_fn
     t0 = time.time()
     model = warm_start_fn(model, tok, task, seed=seed, mesh=mesh)
@@ -149,10 +214,13 @@ def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
   result_path = pathlib.Path(workdir) / "branch_result.json"
   if result_path.exists():  # finished before a crash of the caller: idempotent
     return json.loads(result_path.read_text())
+  parent_checkpoints = None
   if cfg["parent"]:
     checkpoint.restore_params_into(cfg["parent"], model)
+    candidate = pathlib.Path(cfg["parent"]).parent / "checkpoints"
+    parent_checkpoints = str(candidate) if candidate.is_dir() else None
   out = train(workdir, task, model, tok, mesh, seed=seed, sampling=sampling,
-              version=cfg["version"])
+              version=cfg["version"], parent_checkpoints=parent_checkpoints)
   model_dir = pathlib.Path(workdir) / "model"
   if not model_dir.exists():
     nnx.update(model, out["state"].params)

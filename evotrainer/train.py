@@ -270,7 +270,7 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
           sampling: Optional[SamplingParams] = None, eval_every: int = 25,
           eval_config: Optional[EvalConfig] = None, checkpoint_every: int = 25,
           max_to_keep: int = 2, store_rollouts: bool = True,
-          time_limit_s: Optional[float] = None,
+          time_limit_s: Optional[float] = None, parent_checkpoints: Optional[str] = None,
           learner_factory: Callable[..., Learner] = Learner, progress: bool = True) -> dict:
   """Trains `model` with GRPO-family updates on `task`; resumes from `workdir` if possible.
 
@@ -296,6 +296,9 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
     max_to_keep: checkpoints kept.
     store_rollouts: write every training and evaluation episode to rollouts/ (Parquet).
     time_limit_s: stop early (with a checkpoint) after this many seconds of training.
+    parent_checkpoints: a parent run's checkpoints/ directory: a fresh segment starts from
+      its latest train state (parameters *and* optimizer moments; restarting Adam from
+      zero moments jolts a trained policy), with the step counter reset.
     learner_factory: builds the Learner (gin: `Learner.*` knobs).
     progress: show a progress bar.
 
@@ -337,6 +340,11 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
     writer.truncate_after(step0)
     truncate_after_findings(workdir, step0)
     print(f"[train] resumed from step {step0} ({ckpts.directory})", flush=True)
+  elif parent_checkpoints:
+    parent = Checkpoints(parent_checkpoints, max_to_keep=None)
+    restored, _ = parent.restore(None, target={"state": _abstract(state)})
+    state = restored["state"].replace(step=jnp.zeros((), jnp.int32))
+    print(f"[train] starting from the parent's state in {parent_checkpoints}", flush=True)
 
   def run_eval(step: int) -> dict:
     ev, eps = evaluate(rollout, state.params, heldout, eval_config, eval_key, version=version,

@@ -113,3 +113,30 @@ def test_bad_gin_binding_is_a_clear_error(tmp_path):
   assert proc.returncode != 0
   assert "train.stepz = 3" in proc.stderr and "stepz" in proc.stderr
   assert not (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_evolve_mode_end_to_end(tmp_path):
+  """The controller trains a root and a branch in child processes (branch mode), from the
+  parent's state, and records them in the ledger and summary.json."""
+  workdir = tmp_path / "evo"
+  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  proc = subprocess.run(
+      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/evolve.gin",
+       "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
+       "--gin_bindings=evolve.generations = 1", "--gin_bindings=evolve.branches = 1",
+       "--gin_bindings=evolve.branch_steps = 2",
+       f"--gin_bindings=make_tokenizer.cache_dir = '{tmp_path}/tok'",
+       f"--gin_bindings=warm_start.cache_dir = '{tmp_path}/ws'"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["mode"] == "evolve" and summary["incumbent"] in ("v0", "v1.0")
+  versions = {v["id"]: v for v in summary["versions"]}
+  assert set(versions) == {"v0", "v1.0"}
+  assert versions["v1.0"]["parent"] == "v0"
+  assert versions["v1.0"]["status"] in ("kept", "rejected") and versions["v1.0"]["reason"]
+  branch = json.loads((workdir / "versions" / "v1.0" / "branch_result.json").read_text())
+  assert branch["checkpoint"].endswith("model") and branch["per_problem"]
+  assert "starting from the parent's state" in (workdir / "versions" / "v1.0" /
+                                                 "branch.log").read_text()
