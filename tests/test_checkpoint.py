@@ -102,7 +102,7 @@ def test_restore_onto_mesh_is_sharded_and_equal(tmp_path, devices):
   q = restored["layers"][0]["attn"]["q"][...]
   assert q.sharding.spec == P("fsdp", "tensor", None)
   assert restored["layers"][1]["mlp"]["down"][...].sharding.spec == P("tensor", "fsdp")
-  assert restored["embed"][...].sharding.spec == P("tensor", "fsdp")
+  assert restored["embed"][...].sharding.spec == P(None, "fsdp")
   assert len(q.addressable_shards) == 8 and q.addressable_shards[0].data.shape == (32, 2, 16)
   mu = state["opt_state"][0].mu["layers"][0]["attn"]["q"][...]
   assert mu.sharding.spec == P("fsdp", "tensor", None)

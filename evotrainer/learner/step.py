@@ -89,15 +89,18 @@ def completion_logprobs(
   if vocab_limit is not None and vocab_limit < v:
     # Same masking value as the sampler: finite, so 0 * it stays 0 (no NaN).
     logits = jnp.where(vocab < vocab_limit, logits, jnp.finfo(jnp.float32).min)
-  logp_all = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, N, V]
-  # Select with a comparison rather than a gather: with the vocabulary split over the
-  # `tensor` axis this is a local select plus a sum, not an all-gather of the logits.
-  hit = vocab[None, None, :] == completion[:, :, None]  # [B, N, V]
-  logprobs = jnp.where(hit, logp_all, 0.0).sum(-1)  # [B, N]
-  logprobs = jnp.where(completion_valid, logprobs, 0.0)
   entropy = None
   if with_entropy:
-    entropy = jnp.where(completion_valid, losses.entropy_from_logits(logits), 0.0)
+    # One set of reductions and a one-pass backward for both (the train step's path).
+    logprobs, entropy = losses.token_logprobs_and_entropy(logits, completion)  # [B, N]
+    entropy = jnp.where(completion_valid, entropy, 0.0)
+  else:
+    logp_all = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, N, V]
+    # Select with a comparison rather than a gather: with the vocabulary split over the
+    # `tensor` axis this is a local select plus a sum, not an all-gather of the logits.
+    hit = vocab[None, None, :] == completion[:, :, None]  # [B, N, V]
+    logprobs = jnp.where(hit, logp_all, 0.0).sum(-1)  # [B, N]
+  logprobs = jnp.where(completion_valid, logprobs, 0.0)
   return logprobs, entropy
 
 

@@ -102,6 +102,22 @@ def rope_frequencies(config: ModelConfig) -> jnp.ndarray:
   return jnp.where(medium, smoothed, scaled)
 
 
+def dense(x: Array, w: Array, n_in: int = 1) -> Array:
+  """`x [..., *IN] @ w [*IN, *OUT] -> [..., *OUT]`, contracting the last `n_in` axes of x.
+
+  Computed as one 2-D matmul `[rows, prod(IN)] @ [prod(IN), prod(OUT)]` (the reshapes are
+  free bitcasts). Why: with the activation kept 3-D, JAX's weight gradient is a dot
+  followed by a transpose, which XLA:CPU folds into a transposed copy of the output
+  gradient before every weight-gradient dot (measured: MLP forward + backward 25% slower,
+  and a full [B*N, V] transposed copy for the LM head); flattened, it is a plain dot.
+  """
+  lead = x.shape[:x.ndim - n_in]
+  k = math.prod(x.shape[x.ndim - n_in:])
+  out = w.shape[n_in:]
+  y = x.reshape((math.prod(lead), k)) @ w.reshape((k, math.prod(out)))
+  return y.reshape(lead + out)
+
+
 def rope_table(positions: Array, inv_freq: Array) -> Tuple[Array, Array]:
   """cos, sin of the rotary angles: [B, T, D/2] each (computed once per forward)."""
   angles = positions[:, :, None].astype(jnp.float32) * inv_freq[None, None, :]
@@ -168,9 +184,9 @@ class Attention(nnx.Module):
     g = h // kvh
     # Project in the weights' own layout, then move heads in front of length on the
     # (small) activations: reshaping the kernels instead makes XLA copy them every step.
-    q = jnp.einsum("bte,ehd->bthd", x, self.q[...].astype(dt))
-    k = jnp.einsum("bte,ehd->bthd", x, self.k[...].astype(dt))
-    v = jnp.einsum("bte,ehd->bthd", x, self.v[...].astype(dt))
+    q = dense(x, self.q[...].astype(dt))  # [B, T, H, D]
+    k = dense(x, self.k[...].astype(dt))  # [B, T, KV, D]
+    v = dense(x, self.v[...].astype(dt))
     if c.qkv_bias:
       q = q + self.q_bias[...].astype(dt)
       k = k + self.k_bias[...].astype(dt)
@@ -209,7 +225,7 @@ class Attention(nnx.Module):
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
     out = constrain(jnp.einsum("bkgts,bksd->bkgtd", probs, v), Q_AXES)
     out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
-    return jnp.einsum("bthd,hde->bte", out, self.o[...].astype(dt)), cache
+    return dense(out, self.o[...].astype(dt), n_in=2), cache
 
 
 class MLP(nnx.Module):
@@ -223,10 +239,10 @@ class MLP(nnx.Module):
 
   def __call__(self, x: Array) -> Array:
     dt = x.dtype
-    g = x @ self.gate[...].astype(dt)
-    u = x @ self.up[...].astype(dt)
+    g = dense(x, self.gate[...].astype(dt))
+    u = dense(x, self.up[...].astype(dt))
     hmid = constrain(jax.nn.silu(g) * u, ("batch", "length", "mlp"))
-    return hmid @ self.down[...].astype(dt)
+    return dense(hmid, self.down[...].astype(dt))
 
 
 class Block(nnx.Module):
@@ -260,7 +276,7 @@ class Transformer(nnx.Module):
     self.config = config
     pd = config.jnp_param_dtype
     self.embed = _param(rngs, _normal, (config.vocab_size, config.hidden_size),
-                        ("vocab", "embed"), pd)
+                        ("embed_vocab", "embed"), pd)
     self.layers = nnx.List([Block(config, rngs) for _ in range(config.num_layers)])
     self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config, rngs)
     if not config.tie_embeddings:
@@ -305,9 +321,13 @@ class Transformer(nnx.Module):
     """LM head: [B, T, E] -> [B, T, V] float32."""
     dt = hidden.dtype
     if self.config.tie_embeddings:
-      out = jnp.einsum("bte,ve->btv", hidden, self.embed[...].astype(dt))
+      # Flattened to 2-D for the reason given in `dense` (measured: LM head fwd + bwd
+      # 30% less CPU time than the 3-D einsum).
+      b, t, e = hidden.shape
+      out = jnp.einsum("ne,ve->nv", hidden.reshape(b * t, e),
+                       self.embed[...].astype(dt)).reshape(b, t, -1)
     else:
-      out = hidden @ self.lm_head[...].astype(dt)
+      out = dense(hidden, self.lm_head[...].astype(dt))
     return constrain(out.astype(jnp.float32), ("batch", "length", "vocab"))
 
   def forward_logits(self, tokens: Array, valid: Optional[Array] = None) -> Array:

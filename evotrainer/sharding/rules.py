@@ -21,8 +21,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # Logical axes that appear in the model and in batches.
+# `embed_vocab` is the vocabulary axis of the embedding table: kept whole, since a row
+# lookup (gather) along a split vocabulary forces XLA to rebuild the full table.
 LOGICAL_AXES = ("batch", "length", "cache_length", "embed", "heads", "kv_heads",
-                "head_dim", "mlp", "vocab", "norm", "layers")
+                "head_dim", "mlp", "vocab", "embed_vocab", "norm", "layers")
 
 MeshAxes = Union[None, str, Tuple[str, ...]]
 Rules = Tuple[Tuple[str, MeshAxes], ...]
@@ -37,6 +39,7 @@ LEARNER_RULES: Rules = (
     ("head_dim", None),
     ("mlp", "tensor"),
     ("vocab", "tensor"),
+    ("embed_vocab", None),
     ("norm", None),
     ("layers", None),
 )
@@ -51,6 +54,7 @@ SAMPLER_RULES: Rules = (
     ("head_dim", None),
     ("mlp", "tensor"),
     ("vocab", "tensor"),
+    ("embed_vocab", None),
     ("norm", None),
     ("layers", None),
 )

@@ -285,6 +285,35 @@ def test_entropy_from_logits():
   np.testing.assert_allclose(L.entropy_bonus(ent, jnp.array([[1, 1, 0]], bool)), 1.5)
 
 
+def test_token_logprobs_and_entropy_values_and_gradient():
+  """The fused function (custom gradient) against autodiff of the plain formulas."""
+  rng = np.random.default_rng(0)
+  z = jnp.asarray(3 * rng.normal(size=(3, 5, 11)), jnp.float32)
+  z = z.at[:, :, 9:].set(jnp.finfo(jnp.float32).min)  # a masked vocabulary, as the learner's
+  targets = jnp.asarray(rng.integers(0, 9, (3, 5)), jnp.int32)
+  g_logp = jnp.asarray(rng.normal(size=(3, 5)), jnp.float32)
+  g_ent = jnp.asarray(rng.normal(size=(3, 5)), jnp.float32)
+
+  def reference(z):
+    logp = jnp.take_along_axis(jax.nn.log_softmax(z, -1), targets[..., None], -1)[..., 0]
+    return logp, L.entropy_from_logits(z)
+
+  def objective(fn):
+    return lambda z: sum((x * g).sum() for x, g in zip(fn(z), (g_logp, g_ent)))
+
+  fused = lambda z: L.token_logprobs_and_entropy(z, targets)  # noqa: E731
+  for got, want in zip(fused(z), reference(z)):
+    np.testing.assert_allclose(got, want, atol=1e-6)
+  grad = jax.grad(objective(fused))(z)
+  np.testing.assert_allclose(grad, jax.grad(objective(reference))(z), atol=1e-5)
+  assert np.all(np.asarray(grad)[:, :, 9:] == 0)
+  # A -inf logit adds 0 to the entropy and gets a zero (not NaN) gradient.
+  z_inf = z.at[0, 0, 8].set(-jnp.inf)
+  np.testing.assert_allclose(fused(z_inf)[1], L.entropy_from_logits(z_inf), atol=1e-6)
+  grad = jax.grad(objective(fused))(z_inf)
+  assert np.all(np.isfinite(grad)) and grad[0, 0, 8] == 0
+
+
 def test_value_loss_hand_example():
   # clip 0.2. tok0: v 1, old .5, R 0: clipped v .7; max(1, .49) / 2 = 0.5
   #           tok1: v 1, old .5, R 1: clipped v .7; max(0, .09) / 2 = 0.045 (clipped)

@@ -216,7 +216,7 @@ def test_load_onto_mesh(checkpoints, devices):
   assert {s.data.shape for s in gate.addressable_shards} == {(32, 64)}
   q = model.layers[1].attn.q[...]  # [E, H, D], ('embed', 'heads', 'head_dim')
   assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
-  assert model.embed[...].sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
+  assert model.embed[...].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp")
 
   plain = hf.load_hf_checkpoint(path)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),

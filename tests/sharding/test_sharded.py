@@ -66,9 +66,10 @@ def test_sharded_forward_matches_single_device(mesh, sharded):
 def test_parameters_are_sharded(mesh, sharded):
   _, state = sharded
   cases = {
-      # MLP kernel [embed, mlp] -> (fsdp, tensor); embedding [vocab, embed] -> (tensor, fsdp).
+      # MLP kernel [embed, mlp] -> (fsdp, tensor); embedding table [vocab, embed] ->
+      # (None, fsdp): its vocabulary axis stays whole so the row lookup stays local.
       "gate": (state["layers"][0]["mlp"]["gate"][...], P("fsdp", "tensor"), (32, 64)),
-      "embed": (state["embed"][...], P("tensor", "fsdp"), (64, 32)),
+      "embed": (state["embed"][...], P(None, "fsdp"), (128, 32)),
       # Norm scales stay whole.
       "norm": (state["final_norm"]["scale"][...], P(None), (64,)),
   }
@@ -80,9 +81,12 @@ def test_parameters_are_sharded(mesh, sharded):
     for s in shards:
       assert s.data.shape == shard_shape, name
       np.testing.assert_array_equal(np.asarray(s.data), full[s.index])
-    # fsdp x tensor = 4 distinct pieces of a sharded kernel, each kept on 2 data replicas.
+    # One distinct piece per fsdp x tensor cell the spec uses; data replicas repeat them.
     distinct = {tuple((i.start, i.stop) for i in s.index) for s in shards}
-    assert len(distinct) == (1 if spec == P(None) else 4), name
+    pieces = 1
+    for axis in spec:
+      pieces *= {None: 1, "fsdp": 2, "tensor": 2}[axis]
+    assert len(distinct) == pieces, name
 
 
 def test_shard_batch(mesh):
