@@ -99,7 +99,10 @@ def select(logits: jax.Array, rng: jax.Array, temperature: jax.Array, *, top_k: 
   weights = jnp.exp(scaled - m)  # [B, V]
   log_z = jnp.log(jnp.sum(weights, axis=-1))  # [B]
   if greedy:
-    ids = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
+    # First index of the maximum, from the max already taken: XLA:CPU's argmax (a
+    # variadic value+index reduce) cost 1.1 ms per step at [64, 8192]; this costs ~0.1.
+    iota = jax.lax.broadcasted_iota(jnp.int32, scaled.shape, 1)
+    ids = jnp.min(jnp.where(scaled == m, iota, scaled.shape[-1]), axis=-1)
   elif top_k or top_p < 1.0:
     filtered = scaled
     if top_k:
