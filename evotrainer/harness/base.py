@@ -107,6 +107,21 @@ class Validator(Protocol):
     ...
 
 
+def registrar(library: dict, kind: str):
+  """A class decorator adding a component class to `library` under its `name`."""
+
+  def register(cls: type) -> type:
+    if not getattr(cls, "name", ""):
+      raise ValueError(f"{cls.__name__} has no `name`; {kind}s register by name")
+    if library.get(cls.name, cls) is not cls:
+      raise ValueError(f"{kind} name {cls.name!r} is taken by {library[cls.name]}")
+    library[cls.name] = cls
+    return cls
+
+  register.__doc__ = f"Adds a {kind} class to the library under its `name` (a decorator)."
+  return register
+
+
 def groups_of(episodes: Sequence[Episode]) -> list:
   """Consecutive runs of equal `group_id` -> list of lists of episodes."""
   out: list = []
@@ -125,5 +140,5 @@ def snippet(text: str, width: int = 80) -> str:
 
 
 __all__ = ["Diagnostic", "Episode", "Evidence", "FilterResult", "Finding", "GroupFilter",
-           "Report", "RewardPart", "TrajectoryFilter", "Validator", "Verdict", "groups_of",
+           "Report", "RewardPart", "TrajectoryFilter", "Validator", "Verdict", "groups_of", "registrar",
            "snippet"]

@@ -39,7 +39,7 @@ from typing import Callable, Optional, Sequence, Union
 import gin
 import numpy as np
 
-from evotrainer.harness.base import Report, groups_of, snippet
+from evotrainer.harness.base import Report, groups_of, registrar, snippet
 from evotrainer.tasks.verify import count_candidates
 from evotrainer.types import LAYERS, Episode, Finding
 
@@ -689,14 +689,7 @@ class TurnCount(_Diagnostic):
 DIAGNOSTICS: dict = {}
 
 
-def register(cls: type) -> type:
-  """Adds a diagnostic class to `DIAGNOSTICS` under its `name` (a class decorator)."""
-  if not getattr(cls, "name", ""):
-    raise ValueError(f"{cls.__name__} has no `name`; diagnostics register by name")
-  if DIAGNOSTICS.get(cls.name, cls) is not cls:
-    raise ValueError(f"diagnostic name {cls.name!r} is taken by {DIAGNOSTICS[cls.name]}")
-  DIAGNOSTICS[cls.name] = cls
-  return cls
+register = registrar(DIAGNOSTICS, "diagnostic")
 
 
 for _cls in (CorrectnessRate, RewardMean, ScoreTrend, DeadGroupRatio, RewardSpread,

@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from evotrainer.harness.base import Episode, Evidence, Verdict
+from evotrainer.harness.base import Episode, Evidence, Verdict, registrar
 from evotrainer.harness.diagnostics import lengths_of, pearson, rewards_of
 from evotrainer.tasks.verify import count_candidates, extract_answer, fast_verdict
 
@@ -265,14 +265,7 @@ class CanaryPrompts:
 VALIDATORS: dict = {}
 
 
-def register(cls: type) -> type:
-  """Adds a validator class to `VALIDATORS` under its `name` (a class decorator)."""
-  if not getattr(cls, "name", ""):
-    raise ValueError(f"{cls.__name__} has no `name`; validators register by name")
-  if VALIDATORS.get(cls.name, cls) is not cls:
-    raise ValueError(f"validator name {cls.name!r} is taken by {VALIDATORS[cls.name]}")
-  VALIDATORS[cls.name] = cls
-  return cls
+register = registrar(VALIDATORS, "validator")
 
 
 for _cls in (ProxyTrueDisagreement, StrictVerifierAgreement, LengthGaming, AnswerSpamming,
