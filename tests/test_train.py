@@ -140,3 +140,5 @@ def test_evolve_mode_end_to_end(tmp_path):
   assert branch["checkpoint"].endswith("model") and branch["per_problem"]
   assert "starting from the parent's state" in (workdir / "versions" / "v1.0" /
                                                  "branch.log").read_text()
+  report = (workdir / "report.html").read_text()
+  assert "v1.0" in report and "<svg" in report

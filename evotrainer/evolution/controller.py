@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import pathlib
@@ -47,6 +48,8 @@ from evotrainer.evolution.search_space import (Intervention, SearchSpace, canoni
 from evotrainer.evolution.skills import Skill, SkillError, SkillLibrary, template_of
 from evotrainer.evolution.stats import paired_bootstrap
 from evotrainer.evolution.trainer import BranchResult, Trainer
+
+log = logging.getLogger(__name__)
 
 ROOT = "v0"
 GATES = ("diagnosis", "design", "backtest", "verification")
@@ -731,8 +734,15 @@ class Controller:
             "harness": self.ledger.get_meta("controller/harness"), "versions": versions}
 
   def write_summary(self) -> pathlib.Path:
+    """summary.json, and report.html regenerated beside it (a report that fails to render
+    is logged, never the end of the run)."""
     path = self.workdir / "summary.json"
     _write_json(path, self.summary())
+    try:
+      from evotrainer.report import render_report
+      render_report(self.workdir, ledger=self.ledger)
+    except Exception as e:  # pylint: disable=broad-except
+      log.warning("report.html not rendered: %s: %s", type(e).__name__, e)
     return path
 
 
