@@ -179,7 +179,23 @@ def _write_atomically(path: str, data: bytes) -> None:
     raise
 
 
-class SentencePieceTokenizer:
+class _SpecialIds:
+  """The special-id properties both tokenizers share (set `_bos`, `_eos`, `_pad`)."""
+
+  @property
+  def bos_id(self) -> Optional[int]:
+    return self._bos
+
+  @property
+  def eos_id(self) -> int:
+    return self._eos
+
+  @property
+  def pad_id(self) -> int:
+    return self._pad
+
+
+class SentencePieceTokenizer(_SpecialIds):
   """A SentencePiece model: lossless round trip, digits split, byte fallback.
 
   Special ids of a model made by `train`: pad 0, unk 1, bos 2 (`<s>`), eos 3 (`</s>`).
@@ -262,18 +278,6 @@ class SentencePieceTokenizer:
     return self._sp.get_piece_size()
 
   @property
-  def bos_id(self) -> Optional[int]:
-    return self._bos
-
-  @property
-  def eos_id(self) -> int:
-    return self._eos
-
-  @property
-  def pad_id(self) -> int:
-    return self._pad
-
-  @property
   def stop_ids(self) -> tuple[int, ...]:
     return (self._eos,)
 
@@ -329,7 +333,7 @@ def _generation_config_eos(path: str) -> list[int]:
   return eos
 
 
-class HFTokenizer:
+class HFTokenizer(_SpecialIds):
   """A `transformers` tokenizer behind the `Tokenizer` protocol.
 
   Text is encoded without the tokenizer's automatic special tokens
@@ -399,18 +403,6 @@ class HFTokenizer:
   @property
   def vocab_size(self) -> int:
     return self._vocab_size
-
-  @property
-  def bos_id(self) -> Optional[int]:
-    return self._bos
-
-  @property
-  def eos_id(self) -> int:
-    return self._eos
-
-  @property
-  def pad_id(self) -> int:
-    return self._pad
 
   @property
   def stop_ids(self) -> tuple[int, ...]:
