@@ -90,7 +90,7 @@ def test_launch_train_end_to_end(tmp_path):
   workdir = tmp_path / "run"
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   proc = subprocess.run(
-      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
+      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math_train.gin",
        "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
        f"--gin_bindings=make_tokenizer.cache_dir = '{tmp_path}/tok'",
        f"--gin_bindings=warm_start.cache_dir = '{tmp_path}/ws'"],
@@ -122,7 +122,7 @@ def test_evolve_mode_end_to_end(tmp_path):
   workdir = tmp_path / "evo"
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   proc = subprocess.run(
-      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/evolve.gin",
+      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
        "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
        "--gin_bindings=evolve.generations = 1", "--gin_bindings=evolve.branches = 1",
        "--gin_bindings=evolve.branch_steps = 2",

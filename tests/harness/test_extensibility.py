@@ -65,7 +65,7 @@ def test_user_components_through_the_command_line(tmp_path):
   workdir = tmp_path / "run"
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   proc = subprocess.run(
-      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
+      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math_train.gin",
        "--gin_file=gin/tiny.gin", "--import=tests.user_components", f"--workdir={workdir}",
        *(f"--gin_bindings={b}" for b in BINDINGS),
        f"--gin_bindings=make_tokenizer.cache_dir = '{tmp_path}/tok'",
