@@ -7,6 +7,9 @@ Flags:
   --import              Python modules to import first, so that their gin configurables
                         (a user's own reward part, diagnostic, ...) can be named in gin.
   --workdir             run directory (default: runs/<name of the last gin file>).
+  --sweep_file          the sweep file of run.mode='sweep' (sets `sweep.file`).
+  --resume_from         start from the ledger and skills of an earlier sweep or evolution
+                        workdir (sets `evolve.resume_from`).
   --coordinator_address, --num_processes, --process_id
                         multi-host set-up (else the EVO_* environment variables; on a TPU
                         VM pod set EVO_TPU_POD=1 and nothing else).
@@ -31,6 +34,9 @@ flags.DEFINE_multi_string("gin_bindings", [], "gin bindings applied after the fi
 flags.DEFINE_multi_string("gin_search_paths", [], "extra gin search directories.")
 flags.DEFINE_multi_string("import", [], "modules to import before parsing gin.")
 flags.DEFINE_string("workdir", None, "run directory (default runs/<gin file stem>).")
+flags.DEFINE_string("sweep_file", None, "sweep file of run.mode='sweep' (sweep.file).")
+flags.DEFINE_string("resume_from", None, "an earlier sweep/evolution workdir to start from "
+                    "(evolve.resume_from).")
 flags.DEFINE_string("coordinator_address", None, "multi-host coordinator host:port.")
 flags.DEFINE_integer("num_processes", None, "multi-host process count.")
 flags.DEFINE_integer("process_id", None, "multi-host id of this process.")
@@ -51,12 +57,18 @@ def main(argv) -> None:
                            imports=list(FLAGS["import"].value))
   try:
     config_lib.import_modules(FLAGS["import"].value)
-    config_lib.parse(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+    own = [f"sweep.file = {FLAGS.sweep_file!r}"] if FLAGS.sweep_file else []
+    own += [f"evolve.resume_from = {FLAGS.resume_from!r}"] if FLAGS.resume_from else []
+    config_lib.parse(FLAGS.gin_file, [*FLAGS.gin_bindings, *own], FLAGS.gin_search_paths)
   except config_lib.ConfigError as e:
     sys.exit(f"configuration error: {e}")
   initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   workdir = FLAGS.workdir or os.path.join("runs", pathlib.Path(FLAGS.gin_file[-1]).stem)
-  run(workdir)
+  from evotrainer.evolution.sweep_file import SweepError
+  try:
+    run(workdir)
+  except SweepError as e:
+    sys.exit(f"sweep error: {e}")
 
 
 def run_main() -> None:

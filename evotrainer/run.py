@@ -11,6 +11,9 @@ Modes:
   evolve   the EvoTrainer loop (evotrainer/evolution/controller.py): every branch is a
            `branch`-mode child process from its parent's model, under the run's gin plus
            the branch's bindings; the ledger, skills and summary.json live in the workdir.
+  sweep    the variants of a sweep file (`sweep.file`, evotrainer/evolution/sweep_file.py)
+           as branches of one parent, verified like evolution branches, ranked in a table
+           (terminal, summary.json 'sweep', report.html); same `evolve.*` knobs and ledger.
   ledger   print the ledger of the run in the workdir as a table.
   sample   build the policy, sample completions for held-out problems, score them.
 """
@@ -24,7 +27,7 @@ import time
 
 import gin
 
-MODES = ("train", "branch", "evolve", "ledger", "sample")
+MODES = ("train", "branch", "evolve", "sweep", "ledger", "sample")
 
 
 def _print(msg: str = "") -> None:
@@ -45,11 +48,26 @@ def branch(parent: str | None = None, version: str = "v0") -> dict:
 
 
 @gin.configurable(module="run")
+def sweep(file: str | None = None, parent: str | None = None, backtest: bool = False) -> dict:
+  """gin knobs of `sweep` mode (`--sweep_file` sets `sweep.file`).
+
+  Args:
+    file: the sweep file (format: evotrainer/evolution/sweep_file.py).
+    parent: None: the parent of an earlier sweep in the workdir, else the ledger's
+      incumbent, else the root trained from the warm start; a version id of the
+      workdir's ledger; or a model directory (the root, evaluated as is).
+    backtest: replay harness-side variants on the parent's stored rollouts first.
+  """
+  return {"file": file, "parent": parent, "backtest": backtest}
+
+
+@gin.configurable(module="run")
 def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            branches: int = 2, branch_steps: int = 30, proposer: str = "skills",
            skills_dir: str | None = None, human_gated: bool = False,
-           branch_timeout_s: float = 1800) -> dict:
-  """The evolution run (gin knobs `evolve.*`).
+           branch_timeout_s: float = 1800, resume_from: str | None = None,
+           mode: str = "evolve") -> dict:
+  """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
   Args:
     workdir: the run directory (ledger.sqlite, skills/, versions/<id>/, summary.json).
@@ -63,6 +81,9 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
       copied into this run's skills/ first), else the seed skills shipped with the package.
     human_gated: pause at the gates until <workdir>/approve exists.
     branch_timeout_s: wall-clock limit of one branch.
+    resume_from: the workdir of an earlier sweep or evolution: a new workdir starts from
+      a copy of its ledger (lineage, incumbent, harness) and its skills (`--resume_from`).
+    mode: 'evolve', or 'sweep' (run.mode).
   """
   from evotrainer import config as config_lib
   from evotrainer.evolution.controller import Controller
@@ -73,19 +94,37 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   launch = config_lib.LAUNCH
   pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
   space.check_bindings_exist()
+  if mode == "sweep":  # checked before the ledger is opened: a bad file writes nothing
+    from evotrainer.evolution import sweep as sweep_lib
+    cfg = sweep()
+    if not cfg["file"]:
+      raise sweep_lib.SweepError("run.mode='sweep' needs a sweep file: --sweep_file=PATH "
+                                 "or sweep.file")
+    variants = sweep_lib.load_sweep(cfg["file"])
+    sweep_lib.check_variants(variants, space, space.current_values())
+  if resume_from:
+    from evotrainer.evolution.sweep import start_from
+    start_from(resume_from, workdir)
   trainer = SubprocessTrainer(
       launch.get("gin_files", ()),
       [*launch.get("gin_bindings", ()), f"train.steps = {int(branch_steps)}"],
       imports=launch.get("imports", ()), timeout_s=branch_timeout_s)
-  sources = [skills_dir, SEED_DIR] if skills_dir else [SEED_DIR]
+  sources = [s for s in (resume_from and pathlib.Path(resume_from) / "skills", skills_dir)
+             if s] + [SEED_DIR]
   skills = SkillLibrary.seeded(pathlib.Path(workdir) / "skills", sources=sources)
   with Ledger(pathlib.Path(workdir) / "ledger.sqlite") as ledger:
     controller = Controller(ledger, trainer, space, skills, workdir=workdir, domain="math",
                             branches=branches, generations=generations, seed=seed,
                             values=space.current_values(), proposer=proposer,
                             human_gated=human_gated)
-    incumbent = controller.run()
-    _print(ledger.table())
+    if mode == "sweep":
+      rows = sweep_lib.Sweep(controller, variants, parent=cfg["parent"],
+                             backtest=cfg["backtest"], steps=branch_steps).run()
+      _print(sweep_lib.format_table(rows))
+    else:
+      controller.run()
+      _print(ledger.table())
+    incumbent = ledger.incumbent()
     summary = json.loads((pathlib.Path(workdir) / "summary.json").read_text())
   _print(f"[evotrainer] incumbent {incumbent.id if incumbent else None}; "
          f"{len(summary.get('versions', []))} versions")
@@ -111,9 +150,9 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   """
   if mode not in MODES:
     raise ValueError(f"run.mode={mode!r}; expected one of {MODES}")
-  if mode == "evolve":  # the controller itself never touches JAX
+  if mode in ("evolve", "sweep"):  # the controller itself never touches JAX
     start = time.time()
-    summary = evolve(workdir, seed)
+    summary = evolve(workdir, seed, mode=mode)
     summary["wall_s"] = round(time.time() - start, 2)
     _write_summary(workdir, summary)
     return summary
@@ -227,10 +266,20 @@ def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
     checkpoint.save_model(model_dir, model, metadata={"version": cfg["version"]})
   result = _branch_result(workdir, cfg["version"], out, str(model_dir),
                           RolloutStore(pathlib.Path(workdir) / "rollouts"))
+  result["final"]["exploit_recovery"] = _exploit_recovery(task, tok)
   tmp = result_path.with_suffix(".tmp")
   tmp.write_text(json.dumps(result, indent=2) + "\n")
   os.replace(tmp, result_path)
   return result
+
+
+def _exploit_recovery(task, tok, num_problems: int = 64) -> float:
+  """What this branch's reward pays a number-spam exploit (harness/probes.py), judged by
+  the `exploit_probe` validator."""
+  from evotrainer.harness.pipeline import Harness
+  from evotrainer.harness.probes import exploit_recovery
+  return exploit_recovery(task.heldout_problems(num_problems), task.score_many,
+                          Harness().composer, tok.encode)
 
 
 def _branch_result(workdir, version, out, model_dir, store) -> dict:

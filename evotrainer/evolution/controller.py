@@ -57,7 +57,7 @@ HARNESS_GROUPS = ("reward", "filter", "harness", "estimator")
 HARNESS_PREFIXES = ("RewardComposer.", "Harness.")
 DEFAULT_DIAGNOSTICS = ("bc", "reward", "score_trend", "dead_group_ratio", "entropy",
                        "truncation")
-DEFAULT_VALIDATORS = ("proxy_true_disagreement",)
+DEFAULT_VALIDATORS = ("proxy_true_disagreement", "exploit_probe")
 _CATEGORY = {"reward": "reward design", "filter": "filter mechanism",
              "harness": "filter mechanism"}
 
@@ -268,7 +268,10 @@ class Controller:
     self._diagnostics = [by_d.get(n) or DIAGNOSTICS[n]() for n in rec.diagnostics]
     self._validators = [by_v.get(n) or VALIDATORS[n]() for n in rec.validators]
 
-  def _ensure_root(self) -> None:
+  def _ensure_root(self, checkpoint: Optional[str] = None, bindings: Sequence[str] = (),
+                   reason: str = "root version (the base training)") -> None:
+    """Records and trains the root (from the warm start; from `checkpoint` under
+    `bindings` when given) and makes it the incumbent when there is none."""
     if not self.ledger.has_version(ROOT):
       values = self._initial_values
       if values is None:
@@ -277,11 +280,12 @@ class Controller:
                               harness_version=self.ledger.get_meta("controller/harness"))
     root = self.ledger.version(ROOT)
     if "result" not in root.metrics:
-      r = self.trainer.train(version=ROOT, parent_checkpoint=None, bindings=[],
-                             seed=self._train_seed(0), workdir=str(self._vdir(ROOT)))
+      r = self.trainer.train(version=ROOT, parent_checkpoint=checkpoint,
+                             bindings=list(bindings), seed=self._train_seed(0),
+                             workdir=str(self._vdir(ROOT)))
       self._store_result(ROOT, r)
     if self.ledger.get_meta("incumbent") is None and root.status == "running":
-      self.ledger.promote(ROOT, reason="root version (the base training)")
+      self.ledger.promote(ROOT, reason=reason)
 
   # ---------------------------------------------------------------- helpers
 
@@ -502,15 +506,22 @@ class Controller:
       self.ledger.add_attempt(aid, vid, parent, iv.id)
       if h.skill:
         self.ledger.add_skill_use(vid, h.skill, did, self.domain)
+    return self._train_version(vid, parent, did, aid, plan["seed"],
+                               lambda: self.space.apply(self.values(parent), iv))
+
+  def _train_version(self, vid: str, parent: str, did: str, aid: str, seed: int,
+                     values: Callable[[], Mapping]) -> Optional[BranchResult]:
+    """Trains the recorded version `vid` from `parent` under `values()` ({binding: value})
+    unless it finished before (its stored result) or failed before (None); a training
+    error rejects the version and fails its attempt and decision."""
     v = self.ledger.version(vid)
     if "result" in v.metrics:
       return self.result(vid)
     if v.status != "running":
       return None  # failed earlier and was rejected
-    values = self.space.apply(self.values(parent), iv)
     try:
       r = self.trainer.train(version=vid, parent_checkpoint=self.ledger.version(parent).checkpoint,
-                             bindings=self._gin(values), seed=plan["seed"],
+                             bindings=self._gin(values()), seed=seed,
                              workdir=str(self._vdir(vid)))
     except Exception as e:  # pylint: disable=broad-except  (one branch, not the run)
       with self.ledger.transaction():
@@ -523,25 +534,42 @@ class Controller:
 
   # ---------------------------------------------------------------- verify
 
-  def _evaluate(self, gen: int, plan: Mapping, results: Mapping) -> None:
+  def _judge(self, vid: str, r: BranchResult, parent: str, seed: int,
+             parent_evidence: Any = None) -> dict:
+    """Verification of `vid` against `parent`: the paired-bootstrap difference of held-out
+    scores with its interval (stored on the version: its noise estimate) and every active
+    validator's verdict ('failed': those that did not pass)."""
     from evotrainer.harness.validators import run_validators
-    parent = plan["parent"]
     pres = self.result(parent)
+    diff, lo, hi = paired_bootstrap(r.per_problem, pres.per_problem, n=self.bootstrap_n,
+                                    seed=seed, alpha=self.alpha)
+    pev = parent_evidence if parent_evidence is not None else self.evidence(parent)
+    verdicts = run_validators(self._validators, self.evidence(vid, pev))
+    self.ledger.update_version(vid, heldout={
+        **self.ledger.version(vid).heldout, "noise": (hi - lo) / 2, "diff": diff,
+        "lo": lo, "hi": hi})
+    return {"version": vid, "avg8": _avg8(r), "proxy": _proxy(r), "diff": diff, "lo": lo,
+            "hi": hi, "verdicts": verdicts, "failed": [v for v in verdicts if not v.passed]}
+
+  def _ci(self, x: Mapping, parent: str) -> str:
+    return (f"avg8 {x['diff']:+.4f}, {100 * (1 - self.alpha):.0f}% CI [{x['lo']:+.4f}, "
+            f"{x['hi']:+.4f}] vs {parent}")
+
+  @staticmethod
+  def _validator_rejection(x: Mapping, ci: str) -> str:
+    names = ", ".join(v.validator for v in x["failed"])
+    return f"rejected by validator {names}: {x['failed'][0].reason} ({ci})"
+
+  def _evaluate(self, gen: int, plan: Mapping, results: Mapping) -> None:
+    parent = plan["parent"]
     pev = self.evidence(parent)
     rows = []
     for i, b in enumerate(plan["branches"]):
       vid, r = b["version"], results.get(b["version"])
       if r is None:
         continue
-      diff, lo, hi = paired_bootstrap(r.per_problem, pres.per_problem, n=self.bootstrap_n,
-                                      seed=self.seed * 7919 + gen, alpha=self.alpha)
-      verdicts = run_validators(self._validators, self.evidence(vid, pev))
-      failed = [v for v in verdicts if not v.passed]
-      self.ledger.update_version(vid, heldout={
-          **self.ledger.version(vid).heldout, "noise": (hi - lo) / 2, "diff": diff,
-          "lo": lo, "hi": hi})
-      rows.append({"version": vid, "branch": b, "avg8": _avg8(r), "proxy": _proxy(r),
-                   "diff": diff, "lo": lo, "hi": hi, "failed": failed, "order": i})
+      rows.append({**self._judge(vid, r, parent, self.seed * 7919 + gen, pev), "branch": b,
+                   "order": i})
     passing = [x for x in rows if not x["failed"] and x["lo"] > 0]
     best = max(passing, key=lambda x: (x["avg8"], x["diff"], -x["order"]), default=None)
     self._gate("verification", gen, {"parent": parent, "promote": best and best["version"],
@@ -551,12 +579,9 @@ class Controller:
                                                   for x in rows]})
     outcomes = {}
     for x in rows:
-      ci = f"avg8 {x['diff']:+.4f}, {100 * (1 - self.alpha):.0f}% CI [{x['lo']:+.4f}, " \
-           f"{x['hi']:+.4f}] vs {parent}"
+      ci = self._ci(x, parent)
       if x["failed"]:
-        names = ", ".join(v.validator for v in x["failed"])
-        reason = f"rejected by validator {names}: {x['failed'][0].reason} ({ci})"
-        outcome = "failure"
+        reason, outcome = self._validator_rejection(x, ci), "failure"
       elif x is best:
         reason, outcome = f"kept: beats {parent} beyond noise ({ci}); validators pass", "success"
       elif x["lo"] > 0:
@@ -733,11 +758,11 @@ class Controller:
             "generations": self.ledger.get_meta("controller/generation", 0),
             "harness": self.ledger.get_meta("controller/harness"), "versions": versions}
 
-  def write_summary(self) -> pathlib.Path:
-    """summary.json, and report.html regenerated beside it (a report that fails to render
-    is logged, never the end of the run)."""
+  def write_summary(self, extra: Optional[Mapping] = None) -> pathlib.Path:
+    """summary.json (`summary()` updated with `extra`), and report.html regenerated beside
+    it (a report that fails to render is logged, never the end of the run)."""
     path = self.workdir / "summary.json"
-    _write_json(path, self.summary())
+    _write_json(path, {**self.summary(), **(extra or {})})
     try:
       from evotrainer.report import render_report
       render_report(self.workdir, ledger=self.ledger)

@@ -711,18 +711,21 @@ class SearchSpace:
   def current_values(self) -> dict:
     """{binding: value} read from the parsed gin config; a binding gin has no value for
     takes its configurable's default. Call after parsing the run's gin files."""
-    out = {}
-    for b in self.bindings:
-      try:
-        out[b] = normalize(gin.query_parameter(b))
-      except ValueError:
-        try:
-          out[b] = normalize(_default_of(b))
-        except ValueError as e:
-          raise SearchSpaceError(f"search space binding {b}: {e}") from None
-    return out
+    return {b: current_value(b) for b in self.bindings}
+
+
+def current_value(binding: str) -> Any:
+  """The value of a gin binding in the parsed config, else its configurable's default
+  (normalized); SearchSpaceError when it has neither."""
+  try:
+    return normalize(gin.query_parameter(binding))
+  except ValueError:
+    try:
+      return normalize(_default_of(binding))
+    except ValueError as e:
+      raise SearchSpaceError(f"binding {binding}: {e}") from None
 
 
 __all__ = ["ChoiceKnob", "ComponentListKnob", "DictWeightKnob", "FloatKnob", "IntKnob",
            "Intervention", "KINDS", "Knob", "SearchSpace", "SearchSpaceError", "canonical",
-           "describe", "format_value", "make_intervention", "normalize"]
+           "current_value", "describe", "format_value", "make_intervention", "normalize"]

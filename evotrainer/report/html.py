@@ -8,7 +8,9 @@ What it shows, all read from the run directory:
   - findings with evidence snippets: the ledger's, and the training-time ones in
     `versions/<id>/findings.jsonl`;
   - decision records (hypothesis, intervention, backtest, criterion, outcome, why);
-  - skills used (ledger) and the skill library in `skills/*.json`.
+  - skills used (ledger) and the skill library in `skills/*.json`;
+  - a sweep's ranked table (ledger meta 'sweep/table', else summary.json 'sweep'), when
+    the run is or was a sweep (evotrainer/evolution/sweep.py).
 
 The page opens offline: no scripts, no external CSS or fonts, plots are inline SVG
 polylines drawn here. Every piece of run text (completions in evidence snippets above
@@ -343,18 +345,47 @@ def _curves(versions: Sequence[VersionRecord], workdir: pathlib.Path) -> str:
   return "".join(out) or '<p class="muted">No metrics.jsonl under versions/ yet.</p>'
 
 
-def _header(workdir: pathlib.Path, versions: Sequence, incumbent: Optional[str]) -> str:
-  summary = {}
+def _summary(workdir: pathlib.Path) -> Mapping:
   try:
     summary = json.loads((workdir / "summary.json").read_text(encoding="utf-8"))
   except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-    pass
-  if not isinstance(summary, Mapping):
-    summary = {}
+    return {}
+  return summary if isinstance(summary, Mapping) else {}
+
+
+def _sweep_rows(ledger: Ledger, workdir: pathlib.Path) -> list:
+  rows = ledger.get_meta("sweep/table") or _summary(workdir).get("sweep") or []
+  return [r for r in rows if isinstance(r, Mapping)] if isinstance(rows, list) else []
+
+
+def _sweep(rows: Sequence[Mapping]) -> str:
+  """The sweep's variants ranked by held-out Avg@8, with the verdicts behind each status."""
+  head = ("#", "variant", "status", "held-out avg8", "diff vs parent [CI]", "proxy",
+          "validators", "backtest", "bindings", "reason")
+  body = []
+  for r in rows:
+    held = _heldout_text({"avg8": r.get("heldout_avg8"), "noise": r.get("noise")})
+    ci = (f"{_num(r.get('diff'))} [{_num(r.get('lo'))}, {_num(r.get('hi'))}]"
+          if _num(r.get("diff")) else "")
+    validators = r.get("validators") if isinstance(r.get("validators"), Mapping) else {}
+    body.append("<tr>" + "".join(f"<td>{c}</td>" for c in (
+        _e(r.get("rank")), f"<code>{_e(r.get('variant'))}</code>",
+        _status(str(r.get("status", ""))), _e(held), _e(ci), _e(_num(r.get("proxy_reward"))),
+        "<br>".join(_e(f"{k}: {v}") for k, v in validators.items()),
+        _json_cell(r.get("backtest")) if r.get("backtest") else "",
+        "<br>".join(f"<code>{_e(b)}</code>" for b in r.get("bindings") or ()) or
+        '<span class="muted">control</span>', _e(r.get("reason")))) + "</tr>")
+  return ("<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>" +
+          "".join(body) + "</table>")
+
+
+def _header(workdir: pathlib.Path, versions: Sequence, incumbent: Optional[str]) -> str:
+  summary = _summary(workdir)
   facts = [("run directory", str(workdir)), ("versions", len(versions)),
            ("incumbent", incumbent or "none"),
            ("generated", time.strftime("%Y-%m-%d %H:%M:%S"))]
-  facts += [(k, summary[k]) for k in ("mode", "wall_s", "generations", "harness")
+  facts += [(k, summary[k]) for k in ("mode", "wall_s", "generations", "harness", "parent",
+                                      "steps")
             if k in summary]
   return ("<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in facts)
           + "</table>")
@@ -372,8 +403,10 @@ def render_html(workdir: str | os.PathLike, ledger: Ledger) -> str:
   changes = {d.version_id: (d.intervention or {}).get("description", "")
              for d in ledger.decisions()
              if d.version_id and isinstance(d.intervention, Mapping)}
+  sweep = _sweep_rows(ledger, workdir)
   sections = [("Run", _header(workdir, versions, incumbent)),
               ("Lineage", _lineage(versions, changes, incumbent)),
+              *([("Sweep", _sweep(sweep))] if sweep else []),
               ("Metric curves", _curves(versions, workdir)),
               ("Findings", _findings(ledger, versions, workdir)),
               ("Decision records", _decisions(ledger)),
