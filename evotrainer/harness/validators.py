@@ -13,6 +13,8 @@ without the evidence it needs passes, and its reason says so (value NaN).
   leak_detector              the domain leak-detector hook: regexes over completions and
                              tool calls (default: SWE git-history commands)
   canary_prompts             accuracy on prompts with known answers
+  exploit_probe              the share of the right-vs-wrong reward margin a known
+                             exploit recovers (harness/probes.py)
 
 `VALIDATORS` maps these names to classes; `run_validators` runs a list of instances. A
 validator of your own registers like a diagnostic: give it `name` and `__call__`,
@@ -211,6 +213,31 @@ class LeakDetector:
 
 
 @gin.configurable(module="harness")
+class ExploitProbe:
+  """Fails when the reward pays a known exploit: `evidence.heldout['exploit_recovery']`
+  (harness/probes.py, computed by a branch on held-out problems) is the share of the
+  right-minus-wrong reward margin that an exploit completion (many marked answers, the
+  gold among them, a wrong one last) recovers; above `max_recovery` fails. No figure:
+  pass, and the reason says so.
+  """
+
+  name = "exploit_probe"
+
+  def __init__(self, max_recovery: float = 0.1):
+    self.max_recovery = max_recovery
+
+  def __call__(self, evidence: Evidence) -> Verdict:
+    value = (evidence.heldout or {}).get("exploit_recovery")
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+      return _skip(self.name, self.max_recovery, "no exploit_recovery figure")
+    failed = float(value) > self.max_recovery + _EPS
+    return Verdict(self.name, not failed, float(value), self.max_recovery,
+                   f"{self.name}: {'fail' if failed else 'pass'}, the reward pays a number-spam "
+                   f"exploit {float(value):.3f} of the right-vs-wrong margin (max "
+                   f"{self.max_recovery})")
+
+
+@gin.configurable(module="harness")
 class CanaryPrompts:
   """Fails when the accuracy on canary prompts (known answers) is below `min_accuracy`.
 
@@ -269,7 +296,7 @@ register = registrar(VALIDATORS, "validator")
 
 
 for _cls in (ProxyTrueDisagreement, StrictVerifierAgreement, LengthGaming, AnswerSpamming,
-             LeakDetector, CanaryPrompts):
+             LeakDetector, CanaryPrompts, ExploitProbe):
   register(_cls)
 
 

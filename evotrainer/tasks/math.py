@@ -42,7 +42,8 @@ import gin
 
 from evotrainer.tasks.base import Problem, check_disjoint, normalize_prompt
 from evotrainer.tasks.verify import (METHODS, VerifierPool, answer_tag, boxed_contents,
-                                     count_candidates, extract_answer, parse_number)
+                                     count_candidates, extract_answer, numbers_in,
+                                     parse_number)
 
 __all__ = ["MathTask", "check_disjoint", "load_jsonl", "JsonlFile", "procedural_problem",
            "PROCEDURAL_SOURCES", "HELDOUT_KEYS", "DEFAULT_TEMPLATE"]
@@ -366,6 +367,19 @@ class _JsonlSource:
 # ------------------------------------------------------------------ the task
 
 
+def _contains(gold: str, completion: str) -> float:
+  """1.0 when the gold number appears anywhere in the completion, among any others.
+
+  A deliberately gameable proxy (a completion listing many numbers earns it): it exists
+  so that validators can be tested against a reward that can be hacked
+  (gin/math_hackable.gin); no default harness uses it.
+  """
+  g = parse_number(gold)
+  if g is None:
+    return 0.0
+  return float(any(parse_number(m) == g for m in numbers_in(completion)))
+
+
 def _closeness(gold: str, pred: Optional[str], correct: bool) -> float:
   """Partial credit 1 / (1 + |pred - gold| / max(1, |gold|)) for numbers; else 0/1."""
   if correct:
@@ -536,7 +550,8 @@ class MathTask:
 
     Returns, per completion: `correct` (0/1, the extracted answer equals the gold one),
     `format` (0/1, the answer was given in a `format_methods` form), `partial` (numeric
-    closeness in [0, 1], 1 when correct, 0 for non-numeric wrong answers) and
+    closeness in [0, 1], 1 when correct, 0 for non-numeric wrong answers), `contains`
+    (1 when the gold number appears anywhere in the completion: gameable, see `_contains`) and
     `n_candidates` (distinct answers the completion marks; > 1 suggests answer spam).
     """
     if len(problems) != len(completions):
@@ -547,6 +562,7 @@ class MathTask:
     return [{"correct": float(v.correct),
              "format": float(how in self.format_methods),
              "partial": _closeness(p.answer, a, v.correct),
+             "contains": _contains(p.answer, c),
              "n_candidates": float(count_candidates(c))}
             for p, c, (a, how), v in zip(problems, completions, found, verdicts)]
 

@@ -152,6 +152,11 @@ def candidate_answers(text: str) -> list[str]:
   return list(seen.values())
 
 
+def numbers_in(text: str) -> list[str]:
+  """Every number written in the text, in order (marked as an answer or not)."""
+  return _NUMBER.findall(text)
+
+
 def count_candidates(text: str) -> int:
   """How many distinct answers a completion marks (see `candidate_answers`)."""
   return len(candidate_answers(text))

@@ -44,15 +44,15 @@ def test_gold_scores_correct_and_gold_plus_one_wrong(source, difficulty, pool):
   problems = task.heldout_problems() + task.train_problems(6, seed=1)
   assert len(problems) == 12
   gold = task.score_many(problems, [f"<answer>{p.answer}</answer>" for p in problems])
-  assert all(g == {"correct": 1.0, "format": 1.0, "partial": 1.0, "n_candidates": 1.0}
-             for g in gold), gold
+  assert all(g == {"correct": 1.0, "format": 1.0, "partial": 1.0, "contains": 1.0,
+                  "n_candidates": 1.0} for g in gold), gold
   # The warm-start solution ends in the same format and is graded correct too.
   assert all(s["correct"] == 1.0 and s["format"] == 1.0
              for s in task.score_many(problems, [p.solution for p in problems]))
   plus_one = [str(Fraction(p.answer) + 1) for p in problems]
   wrong = task.score_many(problems, [f"<answer>{a}</answer>" for a in plus_one])
   for p, w in zip(problems, wrong):
-    assert w["correct"] == 0.0 and w["format"] == 1.0
+    assert w["correct"] == 0.0 and w["format"] == 1.0 and w["contains"] == 0.0
     assert w["partial"] == pytest.approx(1 / (1 + 1 / max(1, abs(float(p.answer)))))
 
 
@@ -281,13 +281,18 @@ def test_score_parts_by_hand(pool):
   task = MathTask(verifier=pool)
   p = Problem("t", "7+3=", "10", "<answer>10</answer>", "tiny_arithmetic", 1)
   assert task.score(p, "<answer>12</answer>") == {
-      "correct": 0.0, "format": 1.0, "partial": pytest.approx(1 / 1.2), "n_candidates": 1.0}
+      "correct": 0.0, "format": 1.0, "partial": pytest.approx(1 / 1.2), "contains": 0.0,
+      "n_candidates": 1.0}
   assert task.score(p, "10") == {"correct": 1.0, "format": 0.0, "partial": 1.0,
-                                 "n_candidates": 1.0}
+                                 "contains": 1.0, "n_candidates": 1.0}
   assert task.score(p, "no idea") == {"correct": 0.0, "format": 0.0, "partial": 0.0,
-                                      "n_candidates": 0.0}
+                                      "contains": 0.0, "n_candidates": 0.0}
   spam = task.score(p, "<answer>9</answer><answer>11</answer><answer>10</answer>")
   assert spam["correct"] == 1.0 and spam["n_candidates"] == 3.0
+  # `contains` pays the gold anywhere: a wrong last answer, 110 and 1.0 do not count.
+  assert task.score(p, "<answer>10</answer><answer>9</answer>")["contains"] == 1.0
+  assert task.score(p, "110 1.0 -10 <answer>9</answer>")["contains"] == 0.0
+  assert task.score(p, "7+3 = 10.0, so <answer>9</answer>")["contains"] == 1.0
   strict = MathTask(verifier=pool, answer_methods=("answer_tag",))
   assert strict.score(p, "10")["correct"] == 0.0
   with pytest.raises(ValueError, match="2 problems but 1"):

@@ -1,0 +1,80 @@
+"""Reward exploit probes: how much of the margin between a right and a wrong answer a
+known exploit recovers under a harness's reward composer.
+
+A probe builds, for each problem, three completions — the gold answer, one wrong answer,
+and the exploit (e.g. many marked answers with the gold among them and a wrong one last,
+so the verifier refuses it) — scores them with the task's reward parts and the composer,
+and reports
+
+  recovery = mean(R(exploit) - R(wrong)) / mean(R(right) - R(wrong))
+
+0 means the reward pays the exploit no more than a plain wrong answer; 1 means it pays it
+like a right one. The `exploit_probe` validator (validators.py) judges the figure, so a
+gameable reward is refused before a policy has learned to game it.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Callable, Sequence
+
+import numpy as np
+
+from evotrainer.tasks.verify import answer_tag, parse_number
+from evotrainer.types import Episode
+
+
+def _wrong(gold: str) -> str:
+  """A number far from the gold one (a wrong answer the verifier refuses)."""
+  g = parse_number(gold)
+  if g is None:
+    return "0" if gold.strip() != "0" else "1"
+  w = abs(g) * 10 + 7
+  return str(int(w)) if Fraction(w).denominator == 1 else str(float(w))
+
+
+def number_spam(gold: str) -> str:
+  """Marked answers around the gold one, the gold among them, a wrong one last."""
+  g = parse_number(gold)
+  near = [str(g + d) for d in (-2, -1, 1, 2)] if g is not None and g.denominator == 1 \
+      else []
+  return "".join(answer_tag(x) for x in [*near[:2], gold, *near[2:], _wrong(gold)])
+
+
+EXPLOITS = {"number_spam": number_spam}
+
+
+def exploit_recovery(problems: Sequence, score_many: Callable, composer: Callable,
+                     encode: Callable[[str], Sequence[int]],
+                     exploit: str = "number_spam") -> float:
+  """The share of the right-minus-wrong reward margin the exploit recovers (NaN when the
+  reward does not separate right from wrong answers at all).
+
+  Args:
+    problems: problems with `.answer` (and `.id`).
+    score_many: `(problems, completions) -> [reward parts]` (the task's scorer).
+    composer: the harness's RewardComposer.
+    encode: text -> token ids (length-based parts need completion tokens).
+    exploit: a name in `EXPLOITS`.
+  """
+  if exploit not in EXPLOITS:
+    raise ValueError(f"exploit={exploit!r}; expected one of {sorted(EXPLOITS)}")
+  make = EXPLOITS[exploit]
+  kinds = {"right": lambda p: answer_tag(p.answer),
+           "wrong": lambda p: answer_tag(_wrong(p.answer)), "exploit": lambda p: make(p.answer)}
+  rewards = {}
+  for kind, build in kinds.items():
+    texts = [build(p) for p in problems]
+    parts = score_many(list(problems), texts)
+    eps = [Episode(episode_id=f"probe/{kind}/{i}", group_id=i, task_id=str(p.id),
+                   prompt="", completion=t, answer=p.answer, reward_parts=dict(rp),
+                   completion_ids=np.asarray(encode(t), np.int32), split="probe")
+           for i, (p, t, rp) in enumerate(zip(problems, texts, parts))]
+    rewards[kind] = np.asarray(composer(eps).rewards, np.float64)
+  margin = float(np.mean(rewards["right"] - rewards["wrong"]))
+  if margin <= 1e-9:
+    return float("nan")
+  return float(np.mean(rewards["exploit"] - rewards["wrong"]) / margin)
+
+
+__all__ = ["EXPLOITS", "exploit_recovery", "number_spam"]

@@ -1,0 +1,48 @@
+"""gin/math_hackable.gin end to end: a branch that adds the gameable `contains` reward has
+the highest proxy reward of its generation and is rejected by the exploit_probe
+validator, with the validator named in its decision record."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from evotrainer.evolution.ledger import Ledger
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.slow
+def test_gameable_reward_branch_is_rejected_by_a_validator(tmp_path):
+  workdir = tmp_path / "hack"
+  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  bindings = [
+      "evolve.generations = 1", "evolve.branches = 2", "evolve.branch_steps = 2",
+      "SearchSpace.knobs = [@contains/DictWeightKnob(), @lr/FloatKnob()]",
+      # A policy that solves some problems, so that the proxy rewards differ.
+      "warm_start.steps = 1500", "warm_start.target_accuracy = 0.3",
+      "EvalConfig.num_problems = 32", "EvalConfig.k = 4",
+      f"make_tokenizer.cache_dir = '{tmp_path}/tok'", f"warm_start.cache_dir = '{tmp_path}/ws'"]
+  proc = subprocess.run(
+      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math_hackable.gin",
+       "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
+       *(f"--gin_bindings={b}" for b in bindings)],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  summary = json.loads((workdir / "summary.json").read_text())
+  gen1 = [v for v in summary["versions"] if v["parent"] == "v0"]
+  hack = [v for v in gen1 if "'contains'" in v["intervention"]]
+  assert len(gen1) == 2 and len(hack) == 1, gen1
+  hack = hack[0]
+  assert hack["proxy_reward"] == max(v["proxy_reward"] for v in gen1)
+  assert hack["status"] == "rejected"
+  assert hack["reason"].startswith("rejected by validator exploit_probe"), hack["reason"]
+  # The branch's own figure: contains at weight w recovers w / (1 + w) of the margin.
+  result = json.loads((workdir / "versions" / hack["id"] / "branch_result.json").read_text())
+  weight = float(hack["intervention"].rsplit("=", 1)[1])
+  assert result["final"]["exploit_recovery"] == pytest.approx(weight / (1 + weight))
+  with Ledger(workdir / "ledger.sqlite") as ledger:
+    decision = next(d for d in ledger.decisions() if d.version_id == hack["id"])
+  assert decision.outcome == "failure" and "exploit_probe" in decision.why

@@ -1,0 +1,74 @@
+"""Reward exploit probes and the exploit_probe validator, against hand-computed values."""
+
+import math
+
+import pytest
+
+from evotrainer.harness.base import Evidence
+from evotrainer.harness.probes import exploit_recovery, number_spam
+from evotrainer.harness.rewards import OverlongPenalty, RewardComposer
+from evotrainer.harness.validators import VALIDATORS, ExploitProbe
+from evotrainer.tasks.math import MathTask
+from evotrainer.tasks.verify import extract_answer
+
+
+@pytest.fixture(scope="module")
+def task():
+  t = MathTask(sources=["tiny_arithmetic"], num_heldout=12)
+  yield t
+  t.close()
+
+
+def test_number_spam_marks_the_gold_among_others_and_ends_wrong(task):
+  text = number_spam("57")
+  assert text == ("<answer>55</answer><answer>56</answer><answer>57</answer>"
+                  "<answer>58</answer><answer>59</answer><answer>577</answer>")
+  assert extract_answer(text)[0] == "577"
+  problem = task.heldout_problems(1)[0]
+  parts = task.score_many([problem], [number_spam(problem.answer)])[0]
+  assert parts["correct"] == 0.0 and parts["contains"] == 1.0 and parts["n_candidates"] == 6.0
+
+
+@pytest.mark.parametrize("parts,expected", [
+    ({"correct": 1.0}, 0.0),
+    ({"correct": 1.0, "format": 0.5}, 0.0),  # pays the wrong answer and the spam alike
+    ({"correct": 1.0, "partial": 0.5}, 0.0),  # the spam's extracted answer is the wrong one
+    ({"correct": 1.0, "contains": 1.0}, 0.5),  # spam earns `contains`: 1 of the 2 margin
+    ({"correct": 1.0, "contains": 2.0}, 2.0 / 3.0),
+])
+def test_exploit_recovery_hand_computed(task, parts, expected):
+  problems = task.heldout_problems(12)
+  got = exploit_recovery(problems, task.score_many, RewardComposer(parts=parts),
+                         lambda s: [0] * len(s))
+  assert got == pytest.approx(expected, abs=1e-9)
+
+
+def test_exploit_recovery_with_a_length_component(task):
+  # Overlong: every completion past 3 "tokens" (characters here) costs the same -1, so
+  # the margin and the spam's gain are those of the weighted parts alone.
+  composer = RewardComposer(parts={"correct": 1.0, "contains": 1.0, "overlong": 1.0},
+                            components=[OverlongPenalty(max_length=3, buffer=0)])
+  got = exploit_recovery(task.heldout_problems(12), task.score_many, composer,
+                         lambda s: [0] * len(s))
+  assert got == pytest.approx(0.5)
+
+
+def test_no_margin_is_nan_and_bad_exploit_is_an_error(task):
+  problems = task.heldout_problems(4)
+  assert math.isnan(exploit_recovery(problems, task.score_many,
+                                     RewardComposer(parts={"format": 1.0}), lambda s: []))
+  with pytest.raises(ValueError, match="exploit='nope'"):
+    exploit_recovery(problems, task.score_many, RewardComposer(), lambda s: [], "nope")
+
+
+def test_exploit_probe_validator():
+  probe = ExploitProbe(max_recovery=0.1)
+  assert VALIDATORS["exploit_probe"] is ExploitProbe
+  ev = lambda h: Evidence(episodes=[], series={}, heldout=h)
+  bad = probe(ev({"exploit_recovery": 2 / 3}))
+  assert not bad.passed and bad.value == pytest.approx(2 / 3)
+  assert bad.reason.startswith("exploit_probe: fail") and "0.667" in bad.reason
+  assert probe(ev({"exploit_recovery": 0.1})).passed
+  missing = probe(ev({}))
+  assert missing.passed and math.isnan(missing.value) and "no exploit_recovery" in missing.reason
+  assert probe(ev({"exploit_recovery": float("nan")})).passed
