@@ -10,6 +10,8 @@ Flags:
   --sweep_file          the sweep file of run.mode='sweep' (sets `sweep.file`).
   --resume_from         start from the ledger and skills of an earlier sweep or evolution
                         workdir (sets `evolve.resume_from`).
+  --approve             with --workdir only: approve the gate a human-gated run
+                        (`evolve.human_gated = True`) is waiting at, and exit.
   --coordinator_address, --num_processes, --process_id
                         multi-host set-up (else the EVO_* environment variables; on a TPU
                         VM pod set EVO_TPU_POD=1 and nothing else).
@@ -37,16 +39,26 @@ flags.DEFINE_string("workdir", None, "run directory (default runs/<gin file stem
 flags.DEFINE_string("sweep_file", None, "sweep file of run.mode='sweep' (sweep.file).")
 flags.DEFINE_string("resume_from", None, "an earlier sweep/evolution workdir to start from "
                     "(evolve.resume_from).")
+flags.DEFINE_bool("approve", False, "approve the gate the human-gated run in --workdir "
+                  "waits at, and exit.")
 flags.DEFINE_string("coordinator_address", None, "multi-host coordinator host:port.")
 flags.DEFINE_integer("num_processes", None, "multi-host process count.")
 flags.DEFINE_integer("process_id", None, "multi-host id of this process.")
-
 
 
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.getLogger().setLevel(logging.WARNING)
+  if FLAGS.approve:
+    from evotrainer.evolution.controller import GateError, approve_gate
+    if not FLAGS.workdir:
+      raise app.UsageError("--approve needs --workdir (the run that waits)")
+    try:
+      print(approve_gate(FLAGS.workdir))
+    except GateError as e:
+      sys.exit(f"approve: {e}")
+    return
   from evotrainer import config as config_lib
   from evotrainer.run import run
   from evotrainer.sharding.mesh import initialize_distributed

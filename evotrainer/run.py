@@ -66,7 +66,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            branches: int = 2, branch_steps: int = 30, proposer: str = "skills",
            skills_dir: str | None = None, human_gated: bool = False,
            branch_timeout_s: float = 1800, resume_from: str | None = None,
-           mode: str = "evolve") -> dict:
+           backtest: bool = True, mode: str = "evolve") -> dict:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
   Args:
@@ -83,12 +83,16 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
     branch_timeout_s: wall-clock limit of one branch.
     resume_from: the workdir of an earlier sweep or evolution: a new workdir starts from
       a copy of its ledger (lineage, incumbent, harness) and its skills (`--resume_from`).
+    backtest: replay each harness-side intervention (reward parts, filters, estimator)
+      on the incumbent's stored rollouts before training it; one that fails the
+      criterion of `controller.harness_backtester` is dropped.
     mode: 'evolve', or 'sweep' (run.mode).
   """
   from evotrainer import config as config_lib
   from evotrainer.evolution.controller import Controller
   from evotrainer.evolution.ledger import Ledger
   from evotrainer.evolution.skills import SEED_DIR, SkillLibrary
+  from evotrainer.evolution.sweep import gin_harness_builder
   from evotrainer.evolution.trainer import SubprocessTrainer
 
   launch = config_lib.LAUNCH
@@ -116,7 +120,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
     controller = Controller(ledger, trainer, space, skills, workdir=workdir, domain="math",
                             branches=branches, generations=generations, seed=seed,
                             values=space.current_values(), proposer=proposer,
-                            human_gated=human_gated)
+                            human_gated=human_gated,
+                            harness_builder=gin_harness_builder() if backtest else None)
     if mode == "sweep":
       rows = sweep_lib.Sweep(controller, variants, parent=cfg["parent"],
                              backtest=cfg["backtest"], steps=branch_steps).run()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from evotrainer.evolution.ledger import Ledger
 from evotrainer.model import ModelConfig, Transformer
 from evotrainer.tasks.math import MathTask
 from evotrainer.tokenizers import SentencePieceTokenizer
@@ -142,3 +143,8 @@ def test_evolve_mode_end_to_end(tmp_path):
                                                  "branch.log").read_text()
   report = (workdir / "report.html").read_text()
   assert "v1.0" in report and "<svg" in report
+  # A harness-side intervention was replayed on v0's stored rollouts before training.
+  with Ledger(workdir / "ledger.sqlite") as ledger:
+    decision = next(d for d in ledger.decisions() if d.version_id == "v1.0")
+  if decision.intervention["binding"].startswith(("RewardComposer.", "Harness.")):
+    assert decision.backtest["groups"] > 0 and decision.backtest["passed"]

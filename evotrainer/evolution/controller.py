@@ -70,6 +70,25 @@ class GateTimeout(TimeoutError):
   """A human gate was not approved within `gate_timeout_s`."""
 
 
+class GateError(RuntimeError):
+  """No gate is waiting for an approval in the given run directory."""
+
+
+def approve_gate(workdir: str | os.PathLike) -> str:
+  """Approves the gate a human-gated run in `workdir` waits at (`--approve`): writes the
+  `approve` file the controller polls for; returns what was approved."""
+  gate_path, flag = pathlib.Path(workdir) / "gate.json", pathlib.Path(workdir) / "approve"
+  if not gate_path.exists():
+    raise GateError(f"no gate is waiting in {workdir} (no gate.json)")
+  try:
+    gate = json.loads(gate_path.read_text())
+  except (OSError, ValueError) as e:
+    raise GateError(f"{gate_path} is unreadable: {e}") from None
+  flag.write_text(json.dumps({"approved_at": time.time()}) + "\n")
+  return (f"approved gate '{gate.get('stage')}' of generation {gate.get('generation')} in "
+          f"{workdir}")
+
+
 def no_eval_check() -> tuple[bool, str]:
   """The default `eval_check`: passes without checking anything.
 
@@ -357,9 +376,12 @@ class Controller:
     if self.ledger.get_meta(key):
       return
     gate = {"stage": stage, "generation": gen, "awaiting": payload,
-            "approve": f"create {self.workdir / 'approve'} to continue"}
+            "approve": f"python -m evotrainer.launch --workdir={self.workdir} --approve "
+                       f"(or create {self.workdir / 'approve'})"}
     path, flag = self.workdir / "gate.json", self.workdir / "approve"
     _write_json(path, gate)
+    print(f"[evotrainer] human gate '{stage}' (generation {gen}) waits; see {path}; "
+          f"approve: {gate['approve']}", flush=True)
     start = time.time()
     while True:
       if flag.exists():
@@ -772,4 +794,5 @@ class Controller:
 
 
 __all__ = ["Controller", "DEFAULT_DIAGNOSTICS", "DEFAULT_VALIDATORS", "EvaluationPipelineError",
-           "GATES", "GateTimeout", "harness_backtester", "is_harness_side", "no_eval_check"]
+           "GATES", "GateError", "GateTimeout", "approve_gate", "harness_backtester",
+           "is_harness_side", "no_eval_check"]

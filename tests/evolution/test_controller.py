@@ -1,7 +1,10 @@
 """The controller's decisions on scripted trainers (no JAX training, no subprocess)."""
 
 import json
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 
@@ -17,6 +20,7 @@ from evotrainer.evolution.skills import SkillLibrary
 from evotrainer.evolution.trainer import BranchResult
 from evotrainer.harness.validators import ProxyTrueDisagreement
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROBLEMS = [f"p{i:03d}" for i in range(100)]
 VALUES = {"Learner.learning_rate": 1e-5, "Harness.estimator": "grpo",
           "RewardComposer.parts": {"correct": 1.0}, "train.group_size": 8}
@@ -443,9 +447,23 @@ def test_human_gated_waits_for_approve_file(tmp_path):
         if gate["stage"] == "diagnosis":
           time.sleep(0.1)
           assert len(trainer.calls) == 1  # paused: no branch trained yet
-        (tmp_path / "run" / "approve").touch()
+        if gate["stage"] == "design":  # the command-line approval
+          out = subprocess.run([sys.executable, "-m", "evotrainer.launch",
+                                f"--workdir={tmp_path / 'run'}", "--approve"],
+                               cwd=REPO, capture_output=True, text=True, timeout=120)
+          assert out.returncode == 0, out.stderr
+          assert "approved gate 'design' of generation 1" in out.stdout
+        else:
+          (tmp_path / "run" / "approve").touch()
     time.sleep(0.005)
   th.join(5)
   assert not errors and not th.is_alive()
   assert stages == ["diagnosis", "design", "backtest", "verification"]
   assert ledger.get_meta("controller/generation") == 1
+
+
+def test_approve_without_a_waiting_gate_is_a_clear_error(tmp_path):
+  out = subprocess.run([sys.executable, "-m", "evotrainer.launch", f"--workdir={tmp_path}",
+                        "--approve"], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert out.returncode != 0 and "no gate is waiting" in out.stderr
+  assert not (tmp_path / "approve").exists()
