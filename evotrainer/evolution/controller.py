@@ -196,6 +196,9 @@ class Controller:
     gap_generations: generations without a kept branch that count as a diagnostic gap.
     separation: a new diagnostic is kept when |mean(kept) - mean(rejected)| exceeds
       `separation` times the metric's standard deviation over those versions.
+    explain_tol: a held-out change beyond noise is "unexplained" (a diagnostic gap) when
+      no active metric moved from the parent by more than this share of its magnitude;
+      library diagnostics whose metrics did move are then enabled.
     human_gated: stop at GATES for approval (`<workdir>/approve` file or `approve`).
     approve: `(gate: dict) -> bool`, polled at a gate.
     poll_s, gate_timeout_s: gate polling interval and limit (None: wait forever).
@@ -211,7 +214,8 @@ class Controller:
                backtester: Optional[Callable] = None,
                harness_builder: Optional[Callable] = None,
                eval_check: Callable[[], tuple] = no_eval_check, escalate_after: int = 3,
-               gap_generations: int = 3, separation: float = 1.0, human_gated: bool = False,
+               gap_generations: int = 3, separation: float = 1.0, explain_tol: float = 0.1,
+               human_gated: bool = False,
                approve: Optional[Callable[[dict], bool]] = None, poll_s: float = 2.0,
                gate_timeout_s: Optional[float] = None, learn_skills: bool = True):
     self.ledger, self.trainer, self.space, self.skills = ledger, trainer, space, skills
@@ -224,6 +228,7 @@ class Controller:
                                      if harness_builder else None)
     self.eval_check, self.escalate_after = eval_check, escalate_after
     self.gap_generations, self.separation = gap_generations, separation
+    self.explain_tol = explain_tol
     self.human_gated, self.approve = human_gated, approve
     self.poll_s, self.gate_timeout_s, self.learn_skills = poll_s, gate_timeout_s, learn_skills
     self._given = {"validators": validators, "diagnostics": diagnostics}
@@ -663,6 +668,16 @@ class Controller:
     last = self.ledger.get_meta("controller/harness_changed_gen", 0)
     if quiet >= self.gap_generations and gen - last >= self.gap_generations:
       gaps.append(f"score insufficient: {quiet} generations without a kept version")
+    for b in plan["branches"]:
+      v = self.ledger.version(b["version"])
+      h = v.heldout if v is not None else {}
+      if "lo" in h and (h["lo"] > 0 or h["hi"] < 0):  # a change beyond noise
+        moved = self._moved(self._diagnostics, v.id, plan["parent"])
+        if moved is not None and not moved:
+          gaps.append(f"score change unexplained on {v.id}: held-out {h['diff']:+.4f} "
+                      f"beyond noise, and no active metric moved by more than "
+                      f"{self.explain_tol:.0%} from {plan['parent']}")
+          break
     from evotrainer.harness.validators import ProxyTrueDisagreement
     probe = ProxyTrueDisagreement()
     inc = self.ledger.incumbent()
@@ -674,6 +689,25 @@ class Controller:
           gaps.append(f"signal ambiguous on {vid}: {v.reason}")
           break
     return gaps
+
+  def _train_metrics(self, diags: Sequence, vid: str) -> dict:
+    """The diagnostics' metrics over version `vid`'s stored training episodes ({}: none)."""
+    from evotrainer.harness.diagnostics import run_diagnostics
+    r = self.result(vid)
+    eps = self._episodes(vid, r, "train")
+    if not eps:
+      return {}
+    metrics, _ = run_diagnostics(list(diags), eps, {"heldout": r.final, "series": r.series})
+    return {k: v for k, v in metrics.items() if not math.isnan(v)}
+
+  def _moved(self, diags: Sequence, vid: str, parent: str) -> Optional[list]:
+    """The metrics of `diags` that moved from `parent` to `vid` by more than
+    `explain_tol` (relative to the larger magnitude); None when either has no episodes."""
+    a, b = self._train_metrics(diags, vid), self._train_metrics(diags, parent)
+    if not a or not b:
+      return None
+    return sorted(k for k in a.keys() & b.keys()
+                  if abs(a[k] - b[k]) > self.explain_tol * max(abs(a[k]), abs(b[k]), 1e-9))
 
   def _separates(self, diag, kept: list, rejected: list) -> Optional[float]:
     """Standardized |mean(kept) - mean(rejected)| of a diagnostic's metric (None: no data)."""
@@ -714,6 +748,17 @@ class Controller:
         if sep is not None and sep > self.separation:
           added_d.append(cls())
           notes.append(f"diagnostic {name} separates kept from rejected (d={sep:.2f})")
+      for g in gaps:  # diagnostics that explain a score change the active ones miss
+        m = re.match(r"score change unexplained on (\S+):", g)
+        if not m:
+          continue
+        for name, cls in DIAGNOSTICS.items():
+          if name in active_d or name == "domain" or any(d.name == name for d in added_d):
+            continue
+          if self._moved([cls()], m.group(1), plan["parent"]):
+            added_d.append(cls())
+            notes.append(f"diagnostic {name} moved with the unexplained score change of "
+                         f"{m.group(1)}")
       if any(g.startswith("signal ambiguous") for g in gaps) and \
           "proxy_true_disagreement" not in active_v:
         added_v.append(VALIDATORS["proxy_true_disagreement"]())

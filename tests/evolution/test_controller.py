@@ -1,5 +1,6 @@
 """The controller's decisions on scripted trainers (no JAX training, no subprocess)."""
 
+import dataclasses
 import json
 import os
 import random
@@ -467,3 +468,47 @@ def test_approve_without_a_waiting_gate_is_a_clear_error(tmp_path):
                         "--approve"], cwd=REPO, capture_output=True, text=True, timeout=120)
   assert out.returncode != 0 and "no gate is waiting" in out.stderr
   assert not (tmp_path / "approve").exists()
+
+
+class EpisodeTrainer(ScriptedTrainer):
+  """ScriptedTrainer that also stores 16 training episodes per version: half correct for
+  every version (BC never moves); completions 4 tokens long, 12 for an 'rloo' branch."""
+
+  def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
+    import numpy as np
+
+    from evotrainer.rollouts.store import RolloutStore
+    from evotrainer.types import Episode
+    r = super().train(version=version, parent_checkpoint=parent_checkpoint,
+                      bindings=bindings, seed=seed, workdir=workdir)
+    n = 12 if any("'rloo'" in b for b in bindings) else 4
+    eps = [Episode(episode_id=f"{version}/1/{i}", group_id=i // 4, task_id=f"p{i}",
+                   prompt="1+1=", completion="x" * n, answer="2",
+                   reward_parts={"correct": float(i % 2)}, reward=float(i % 2),
+                   completion_ids=np.arange(n, dtype=np.int32), version=version, step=1)
+           for i in range(16)]
+    store = f"{workdir}/rollouts"
+    RolloutStore(store).write(version, 1, "train", eps)
+    return dataclasses.replace(r, rollouts=store)
+
+
+def test_unexplained_score_change_enables_a_diagnostic_that_explains_it(tmp_path):
+  from evotrainer.harness.diagnostics import CorrectnessRate
+  c, ledger, _ = make(tmp_path, EFFECTS, trainer=EpisodeTrainer(EFFECTS), branches=2,
+                      diagnostics=[CorrectnessRate()], validators=[])
+  c.run()
+  rloo = next(v for d, v in by_change(ledger).items() if "rloo" in d)
+  assert ledger.version(rloo.id).heldout["lo"] > 0  # a gain beyond noise ...
+  h1 = ledger.harness_version("h1")  # ... that BC does not explain: the length did move
+  assert f"score change unexplained on {rloo.id}" in h1.reason
+  assert "length" in h1.diagnostics and "bc" in h1.diagnostics
+  assert f"diagnostic length moved with the unexplained score change of {rloo.id}" in h1.reason
+
+
+def test_explained_score_change_is_not_a_gap(tmp_path):
+  from evotrainer.harness.diagnostics import CorrectnessRate, LengthPercentiles
+  c, ledger, _ = make(tmp_path, EFFECTS, trainer=EpisodeTrainer(EFFECTS), branches=2,
+                      diagnostics=[CorrectnessRate(), LengthPercentiles()], validators=[])
+  c.run()
+  gaps = ledger.get_meta("controller/harness_done/1")["gaps"]
+  assert not any(g.startswith("score change unexplained") for g in gaps)
