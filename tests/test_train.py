@@ -148,3 +148,31 @@ def test_evolve_mode_end_to_end(tmp_path):
     decision = next(d for d in ledger.decisions() if d.version_id == "v1.0")
   if decision.intervention["binding"].startswith(("RewardComposer.", "Harness.")):
     assert decision.backtest["groups"] > 0 and decision.backtest["passed"]
+
+  # Bad input: the incumbent's checkpoint is corrupted (a byte flipped in its largest
+  # array file). A relaunch for one more generation fails that branch with a clear
+  # reason, finishes, and leaves every earlier record as it was.
+  def records():
+    with Ledger(workdir / "ledger.sqlite") as ledger:
+      return [(v.id, v.parent, v.status, v.reason, v.checkpoint) for v in ledger.versions()]
+  before = records()
+  model = workdir / "versions" / summary["incumbent"] / "model"
+  victim = max((f for f in model.rglob("*") if f.is_file() and f.parent.name == "d"),
+               key=lambda f: f.stat().st_size)
+  data = bytearray(victim.read_bytes())
+  data[len(data) // 2] ^= 0x10
+  victim.write_bytes(bytes(data))
+  proc = subprocess.run(
+      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
+       "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
+       "--gin_bindings=evolve.generations = 2", "--gin_bindings=evolve.branches = 1",
+       "--gin_bindings=evolve.branch_steps = 2",
+       f"--gin_bindings=make_tokenizer.cache_dir = '{tmp_path}/tok'",
+       f"--gin_bindings=warm_start.cache_dir = '{tmp_path}/ws'"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  after = records()
+  assert after[:len(before)] == before
+  (v2,) = [r for r in after if r[0] == "v2.0"]
+  assert v2[1] == summary["incumbent"] and v2[2] == "rejected"
+  assert v2[3].startswith("training failed") and "checksum" in v2[3], v2[3]

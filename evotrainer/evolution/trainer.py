@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -49,6 +50,16 @@ class Trainer(Protocol):
     """Trains `version` from `parent_checkpoint` (None: the root policy) under `bindings`
     (gin binding strings) in `workdir`."""
     ...
+
+
+def last_error(log: str) -> str:
+  """The last `module.Error: message` line of a log (a Python traceback's verdict), else
+  its last non-empty line."""
+  lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+  for ln in reversed(lines):
+    if re.match(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b.*:", ln):
+      return ln
+  return lines[-1] if lines else "(empty log)"
 
 
 class BranchFailed(RuntimeError):
@@ -107,6 +118,6 @@ class SubprocessTrainer:
         rc = "timeout"
     if rc != 0 or not path.exists():
       tail = log_path.read_text(errors="replace")[-3000:]
-      raise BranchFailed(f"branch {version} failed ({rc}) after {time.time() - start:.0f}s; "
-                         f"log {log_path}:\n{tail}")
+      raise BranchFailed(f"branch {version} failed ({rc}) after {time.time() - start:.0f}s: "
+                         f"{last_error(tail)}; log {log_path}:\n{tail}")
     return BranchResult.from_json(json.loads(path.read_text()), workdir)
