@@ -82,8 +82,9 @@ def completion_logprobs(
   positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
   slots = jnp.broadcast_to(jnp.arange(p + n), (b, p + n))
   mask = attention_mask(valid, valid, slots, slots)  # [B, P + N, P + N]
-  hidden, _ = model(tokens, positions, mask)  # [B, P + N, E]
-  logits = model.logits(hidden[:, p - 1:p + n - 1])  # [B, N, V] float32
+  # The last layer runs its queries only on the N slots that predict completion tokens.
+  hidden, _ = model(tokens, positions, mask, query_slice=(p - 1, p + n - 1))  # [B, N, E]
+  logits = model.logits(hidden)  # [B, N, V] float32
   v = logits.shape[-1]
   vocab = jnp.arange(v, dtype=jnp.int32)
   if vocab_limit is not None and vocab_limit < v:

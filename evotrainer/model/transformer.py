@@ -172,7 +172,8 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(d, c.rms_norm_eps, c, rngs)
 
   def __call__(self, x: Array, rope: Tuple[Array, Array], mask: Array,
-               cache: Optional[Tuple[Array, Array]], cache_index) -> Tuple[Array, Optional[tuple]]:
+               cache: Optional[Tuple[Array, Array]], cache_index,
+               query_slice: Optional[Tuple[int, int]] = None) -> Tuple[Array, Optional[tuple]]:
     # Heads-major layout throughout ([B, KV, G, T, D] for queries, [B, KV, T, D] for keys
     # and values, the cache [B, KV, S, D]): the attention dots then batch over (B, KV)
     # with contiguous [T, D] / [S, D] operands, and decode never transposes the cache
@@ -184,21 +185,31 @@ class Attention(nnx.Module):
     g = h // kvh
     # Project in the weights' own layout, then move heads in front of length on the
     # (small) activations: reshaping the kernels instead makes XLA copy them every step.
-    q = dense(x, self.q[...].astype(dt))  # [B, T, H, D]
+    # Keys and values for every position; queries only for `query_slice` when given
+    # (then the output, and `mask`'s rows, cover those positions only).
+    xq = x
+    if query_slice is not None:
+      start, stop = query_slice
+      xq = x[:, start:stop]
+      rope_q = (rope[0][:, start:stop], rope[1][:, start:stop])
+      mask = mask[:, start:stop]
+    else:
+      rope_q = rope
+    q = dense(xq, self.q[...].astype(dt))  # [B, Tq, H, D]
     k = dense(x, self.k[...].astype(dt))  # [B, T, KV, D]
     v = dense(x, self.v[...].astype(dt))
     if c.qkv_bias:
       q = q + self.q_bias[...].astype(dt)
       k = k + self.k_bias[...].astype(dt)
       v = v + self.v_bias[...].astype(dt)
-    b, t = x.shape[:2]
-    q = q.reshape(b, t, kvh, g, d).transpose(0, 2, 3, 1, 4)  # [B, KV, G, T, D]
+    b, t = xq.shape[:2]
+    q = q.reshape(b, t, kvh, g, d).transpose(0, 2, 3, 1, 4)  # [B, KV, G, Tq, D]
     k = k.transpose(0, 2, 1, 3)  # [B, KV, T, D]
     v = v.transpose(0, 2, 1, 3)
     if c.qk_norm:
       q = self.q_norm(q)
       k = self.k_norm(k)
-    q = constrain(apply_rope(q, *rope), Q_AXES)
+    q = constrain(apply_rope(q, *rope_q), Q_AXES)
     k = apply_rope(k, *rope)
     if cache is not None:
       ck, cv = cache
@@ -253,8 +264,10 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config, rngs)
     self.mlp = MLP(config, rngs)
 
-  def __call__(self, x, rope, mask, cache, cache_index):
-    h, cache = self.attn(self.attn_norm(x), rope, mask, cache, cache_index)
+  def __call__(self, x, rope, mask, cache, cache_index, query_slice=None):
+    h, cache = self.attn(self.attn_norm(x), rope, mask, cache, cache_index, query_slice)
+    if query_slice is not None:
+      x = x[:, query_slice[0]:query_slice[1]]
     x = constrain(x + h, ("batch", "length", "embed"))
     x = constrain(x + self.mlp(self.mlp_norm(x)), ("batch", "length", "embed"))
     return x, cache
@@ -262,6 +275,15 @@ class Block(nnx.Module):
 
 def _block_no_cache(layer: Block, x, rope, mask):
   return layer(x, rope, mask, None, 0)[0]
+
+
+def _sliced_block_no_cache(query_slice: Tuple[int, int]):
+  """`_block_no_cache` with a static query slice (nnx.remat takes positional args only)."""
+
+  def run(layer: Block, x, rope, mask):
+    return layer(x, rope, mask, None, 0, query_slice)[0]
+
+  return run
 
 
 class Transformer(nnx.Module):
@@ -284,8 +306,9 @@ class Transformer(nnx.Module):
                             ("embed", "vocab"), pd)
 
   def __call__(self, tokens: Array, positions: Array, mask: Array,
-               cache: Optional[KVCache] = None,
-               cache_index=0) -> Tuple[Array, Optional[KVCache]]:
+               cache: Optional[KVCache] = None, cache_index=0, *,
+               query_slice: Optional[Tuple[int, int]] = None
+               ) -> Tuple[Array, Optional[KVCache]]:
     """Runs the decoder.
 
     Args:
@@ -294,9 +317,17 @@ class Transformer(nnx.Module):
       mask: [B, T, S] bool; S = T without a cache, S = cache length with one.
       cache: optional KVCache; the new keys/values are written at `cache_index`.
       cache_index: scalar int, slot of tokens[:, 0] in the cache.
+      query_slice: static `(start, stop)`: return the hidden states of positions
+        [start, stop) only. Every layer but the last runs on all T positions (their
+        keys and values are needed); the last computes keys and values for all of them
+        (and caches them) but queries, attention output and MLP for the slice only --
+        the rest of its output would be discarded. Used where only a few positions
+        reach the LM head: the learner's N completion predictions, prefill's last
+        position (measured: ~10% of a learner forward + backward at P = N = 64).
 
     Returns:
-      hidden: [B, T, E] in the compute dtype; the updated cache (or None).
+      hidden: [B, T, E] ([B, stop - start, E] with `query_slice`) in the compute dtype;
+      the updated cache (or None).
     """
     c = self.config
     dt = c.jnp_dtype
@@ -304,12 +335,15 @@ class Transformer(nnx.Module):
     x = constrain(x, ("batch", "length", "embed"))
     rope = rope_table(positions, rope_frequencies(c))
     new_k, new_v = [], []
+    last = len(self.layers) - 1
     for i, layer in enumerate(self.layers):
       layer_cache = None if cache is None else (cache.k[i], cache.v[i])
+      qs = query_slice if i == last else None
       if c.remat and cache is None:
-        x = nnx.remat(_block_no_cache)(layer, x, rope, mask)
+        block = _block_no_cache if qs is None else _sliced_block_no_cache(qs)
+        x = nnx.remat(block)(layer, x, rope, mask)
       else:
-        x, layer_cache = layer(x, rope, mask, layer_cache, cache_index)
+        x, layer_cache = layer(x, rope, mask, layer_cache, cache_index, qs)
       if layer_cache is not None:
         new_k.append(layer_cache[0])
         new_v.append(layer_cache[1])

@@ -137,8 +137,10 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
     valid = prompt_slots[None, :] >= pad[:, None]  # [B, P]
     positions = jnp.maximum(prompt_slots[None, :] - pad[:, None], 0)
     mask = (prompt_slots[None, None, :] <= prompt_slots[None, :, None]) & valid[:, None, :]
-    hidden, cache = model(prompt_tokens, positions, mask, cache=cache, cache_index=0)
-    logits = head(hidden[:, -1:])  # [B, V], last position only
+    # The last layer's queries and MLP run on the last prompt slot only.
+    hidden, cache = model(prompt_tokens, positions, mask, cache=cache, cache_index=0,
+                          query_slice=(p - 1, p))
+    logits = head(hidden)  # [B, V], last position only
     rng, key = jax.random.split(rng)
     first, first_logp = select(logits, key, temperature, top_k=top_k, top_p=top_p,
                                greedy=greedy)

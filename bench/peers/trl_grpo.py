@@ -1,0 +1,105 @@
+"""TRL GRPO steps on the benchmark checkpoint (run in the TRL virtual environment).
+
+  python bench/peers/trl_grpo.py --ckpt DIR --prompts prompts.npy --group_size 4 [--gated]
+
+`GRPOTrainer` (trl 1.16.0, torch CPU, no vLLM): the policy is loaded from the checkpoint
+directory in float32 and the reference is a second copy (beta = KL coef). One
+generation per optimizer step (per-device batch = all rows, one gradient-accumulation
+step, steps_per_generation 1, num_iterations 1), prompts in dataset order (no
+shuffle), temperature 1, top_p 1, top_k off, max_completion_length new tokens; the
+tokenizer's EOS is out of the model's vocabulary, so every row generates all of them.
+Loss "dapo" (token mean over the batch, as ours), adamw_torch, constant lr, no weight
+decay, clip-by-global-norm 1.0.
+
+Phase split (measured by wrapping the trainer's methods): rollout = `_generate`
+(tokenization + `generate` + decoding); reference = `_get_per_token_logps_and_entropies`
+called with the reference model; update = from the end of `_prepare_inputs` (generation,
+scoring and reference done) to the end of the optimizer step: the policy's forward,
+backward and the adamw update. The rest of `_prepare_inputs` (reward, advantages,
+metrics) is `other`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import protocol  # noqa: E402  (first: it redirects framework prints to stderr)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+
+def main():
+  args = protocol.parse_args(__doc__.split("\n\n")[0])
+  prompts = np.load(args.prompts)  # [steps, G, P]
+  steps, g, p = prompts.shape
+  rows = g * args.group_size
+  torch.manual_seed(0)
+  texts = [t for i in range(steps) for t in protocol.prompt_texts(prompts[i])]
+  dataset = Dataset.from_dict({"prompt": texts})
+  tokenizer = transformers.AutoTokenizer.from_pretrained(args.ckpt)
+  workdir = args.workdir or tempfile.mkdtemp(prefix="trl_grpo_")
+  config = GRPOConfig(
+      output_dir=workdir, per_device_train_batch_size=rows, gradient_accumulation_steps=1,
+      num_generations=args.group_size, steps_per_generation=1, num_iterations=1,
+      max_completion_length=args.new_tokens, temperature=1.0, top_p=1.0, top_k=0,
+      beta=args.kl_coef, epsilon=0.2, loss_type="dapo", learning_rate=args.learning_rate,
+      lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+      optim="adamw_torch", max_steps=steps, logging_steps=1, report_to="none",
+      save_strategy="no", use_cpu=True, bf16=False, fp16=False, shuffle_dataset=False,
+      seed=0, dataloader_num_workers=0, log_completions=False, disable_tqdm=True,
+      model_init_kwargs={"dtype": torch.float32})
+
+  clock = protocol.StepClock(args.gated, steps)
+  prepare_end = [0.0]
+
+  def reward(prompts, completions, completion_ids, **kw):
+    ids = [np.asarray(c) for c in completion_ids]
+    clock.extra["completion_tokens"] = int(sum(len(c) for c in ids))
+    rewards = [float(np.mean(c % 2 == 0)) for c in ids]
+    clock.extra["reward_mean"] = float(np.mean(rewards))
+    return rewards
+
+  class Gate(transformers.TrainerCallback):
+
+    def on_step_begin(self, args_, state, control, **kw):
+      clock.gate()
+
+    def on_step_end(self, args_, state, control, **kw):
+      clock.add("update", time.perf_counter() - prepare_end[0])
+
+  trainer = GRPOTrainer(model=args.ckpt, reward_funcs=reward, args=config,
+                        train_dataset=dataset, processing_class=tokenizer, callbacks=[Gate()])
+  trainer._generate = clock.timed("rollout", trainer._generate)
+  logps = trainer._get_per_token_logps_and_entropies
+
+  def timed_logps(model, *a, **kw):
+    if model is trainer.ref_model:
+      return clock.timed("reference", logps)(model, *a, **kw)
+    return logps(model, *a, **kw)
+
+  trainer._get_per_token_logps_and_entropies = timed_logps
+  prepare = trainer._prepare_inputs
+
+  def timed_prepare(*a, **kw):
+    out = prepare(*a, **kw)
+    prepare_end[0] = time.perf_counter()
+    clock.extra["prompt_tokens"] = int(out["prompt_mask"].sum())
+    return out
+
+  trainer._prepare_inputs = timed_prepare
+  trainer.train()
+  clock.close()
+  protocol.emit(event="done")
+
+
+if __name__ == "__main__":
+  main()
