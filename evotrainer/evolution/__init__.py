@@ -1,9 +1,17 @@
 """The evolution controller's host side (DESIGN.md section 7): no JAX here.
 
-  ledger.py        the version ledger (SQLite, WAL): versions, attempts, findings,
-                   decisions, harness versions, skills used; crash- and resume-safe
-  search_space.py  the action boundary: typed knobs over gin bindings, single-factor
-                   Interventions that render as `--gin_bindings`
-  skills.py        trigger -> intervention skills, one JSON file each, with evidence per
-                   domain; seed skills in seed_skills/
+  ledger.py             the version ledger (SQLite, WAL): versions, attempts, findings,
+                        decisions, harness versions, skills used; crash- and resume-safe
+  ledger_records.py     its SQL schema and the typed records rows read back as
+  ledger_table.py       its lineage as a printable text table
+  search_space.py       the action boundary: the knobs the controller may turn
+  knobs.py              typed knobs over gin bindings (float, int, choice, list, dict)
+  intervention.py       single-factor Interventions that render as `--gin_bindings`
+  skills.py             trigger -> intervention skills, one JSON file each, with evidence
+                        per domain; seed skills in seed_skills/
+  controller.py         the loop over versions (plan, train, verify, learn)
+  escalation.py         its escalation after repeated rejections
+  harness_evolution.py  its active diagnostics / validators, and how they evolve
+  gates.py              its human gates
+  backtest.py           replays of harness-side changes on cached rollouts
 """

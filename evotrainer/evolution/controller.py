@@ -21,6 +21,11 @@ Per generation (`Controller.run`):
               rejected versions, record a harness version, re-check kept versions under
               new validators (a kept version can be demoted; the incumbent rolls back)
 
+This module holds the loop itself (plan, train, verify, learn, summary); the steps with a
+concept of their own are mixins the Controller inherits: escalation.py (escalate),
+harness_evolution.py (the active harness and its evolution), gates.py (human gates), and
+backtest.py holds the default `backtester`. Their public names are re-exported here.
+
 Resume: everything is in the ledger (plans, results, gate approvals, escalations under
 `controller/*` meta keys), so a relaunch with the same ledger continues where it stopped,
 never retrains a branch whose attempt finished, and with a fixed seed ends with the same
@@ -31,7 +36,6 @@ lineage as an uninterrupted run. The harness components import the records modul
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -41,115 +45,24 @@ import re
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from evotrainer.evolution.ledger import GOOD, Ledger, VersionRecord
+from evotrainer.evolution.backtest import harness_backtester, is_harness_side
+from evotrainer.evolution.escalation import (Escalation, EvaluationPipelineError,
+                                             no_eval_check)
+from evotrainer.evolution.gates import (GATES, GateError, GateTimeout, HumanGates,
+                                        approve_gate, write_json)
+from evotrainer.evolution.harness_evolution import (DEFAULT_DIAGNOSTICS, DEFAULT_VALIDATORS,
+                                                    HarnessEvolution)
+from evotrainer.evolution.ledger import ROOT, Ledger, VersionRecord
 from evotrainer.evolution.proposers import Hypothesis, propose
-from evotrainer.evolution.search_space import (Intervention, SearchSpace, canonical,
-                                               format_value)
+from evotrainer.evolution.search_space import SearchSpace, canonical, format_value
 from evotrainer.evolution.skills import Skill, SkillError, SkillLibrary, template_of
 from evotrainer.evolution.stats import paired_bootstrap
 from evotrainer.evolution.trainer import BranchResult, Trainer
 
 log = logging.getLogger(__name__)
 
-ROOT = "v0"
-GATES = ("diagnosis", "design", "backtest", "verification")
-HARNESS_GROUPS = ("reward", "filter", "harness", "estimator")
-HARNESS_PREFIXES = ("RewardComposer.", "Harness.")
-DEFAULT_DIAGNOSTICS = ("bc", "reward", "score_trend", "dead_group_ratio", "entropy",
-                       "truncation")
-DEFAULT_VALIDATORS = ("proxy_true_disagreement", "exploit_probe")
 _CATEGORY = {"reward": "reward design", "filter": "filter mechanism",
              "harness": "filter mechanism"}
-
-
-class EvaluationPipelineError(RuntimeError):
-  """The evaluation pipeline failed its re-validation during an escalation."""
-
-
-class GateTimeout(TimeoutError):
-  """A human gate was not approved within `gate_timeout_s`."""
-
-
-class GateError(RuntimeError):
-  """No gate is waiting for an approval in the given run directory."""
-
-
-def approve_gate(workdir: str | os.PathLike) -> str:
-  """Approves the gate a human-gated run in `workdir` waits at (`--approve`): writes the
-  `approve` file the controller polls for; returns what was approved."""
-  gate_path, flag = pathlib.Path(workdir) / "gate.json", pathlib.Path(workdir) / "approve"
-  if not gate_path.exists():
-    raise GateError(f"no gate is waiting in {workdir} (no gate.json)")
-  try:
-    gate = json.loads(gate_path.read_text())
-  except (OSError, ValueError) as e:
-    raise GateError(f"{gate_path} is unreadable: {e}") from None
-  flag.write_text(json.dumps({"approved_at": time.time()}) + "\n")
-  return (f"approved gate '{gate.get('stage')}' of generation {gate.get('generation')} in "
-          f"{workdir}")
-
-
-def no_eval_check() -> tuple[bool, str]:
-  """The default `eval_check`: passes without checking anything.
-
-  A real check (per domain) should return (ok, why) after verifying that: the verifier
-  accepts known-correct answers and refuses known-wrong ones (canaries, perturbed golds);
-  the training and held-out splits are disjoint (task ids and normalized prompts); and a
-  repeated evaluation of the same checkpoint with the same seed gives the same scores.
-  """
-  return True, "no evaluation check configured (default no-op)"
-
-
-def is_harness_side(iv: Intervention, group: str) -> bool:
-  """Reward parts, filters and the estimator: changes a backtest can replay."""
-  return group in HARNESS_GROUPS or iv.binding.startswith(HARNESS_PREFIXES)
-
-
-def harness_backtester(harness_builder: Callable[[Mapping], Any],
-                       max_violation_rate: float = 0.01,
-                       max_correct_cut_share: float = 0.05) -> Callable:
-  """A `backtester` replaying the incumbent's stored steps (harness/replay.py).
-
-  `harness_builder(values) -> Harness` builds a harness from {binding: value}. The
-  criterion: BC ranking violations <= `max_violation_rate`, correct rows newly cut <=
-  `max_correct_cut_share` of the correct rows, and no more groups die than are rescued.
-  """
-
-  def run(store_root: str, version: str, before: Mapping, after: Mapping,
-          iv: Intervention) -> Optional[dict]:
-    from evotrainer.harness.replay import backtest
-    from evotrainer.rollouts.store import RolloutStore
-    if not store_root or not os.path.isdir(store_root):
-      return None
-    store = RolloutStore(store_root)
-    if not store.steps(version, "train"):
-      return None
-    t = backtest(store, harness_builder(after), harness_builder(before), version=version).totals
-    vr = t["violation_rate"] if not math.isnan(t["violation_rate"]) else 0.0
-    cut = t["correct_newly_cut"] / t["correct"] if t["correct"] else 0.0
-    why = []
-    if vr > max_violation_rate:
-      why.append(f"BC ranking violations {vr:.4f} > {max_violation_rate}")
-    if cut > max_correct_cut_share:
-      why.append(f"correct rows newly cut {cut:.4f} > {max_correct_cut_share}")
-    if t["newly_dead"] > t["rescued"]:
-      why.append(f"{t['newly_dead']} groups die, {t['rescued']} rescued")
-    keep = ("groups", "dead_before", "dead_after", "rescued", "newly_dead", "pairs",
-            "violations", "correct", "cut", "correct_cut", "correct_newly_cut")
-    return {"passed": not why, "why": "; ".join(why) or "criterion met",
-            **{k: t[k] for k in keep}}
-
-  return run
-
-
-def _config(obj: Any) -> dict:
-  """The scalar public attributes of a component: its recorded configuration."""
-  out = {"class": type(obj).__name__}
-  for k, v in sorted(vars(obj).items()):
-    if not k.startswith("_") and isinstance(v, (bool, int, float, str)) and not (
-        isinstance(v, float) and math.isnan(v)):
-      out[k] = v
-  return out
 
 
 def _avg8(r: BranchResult) -> float:
@@ -164,13 +77,7 @@ def _proxy(r: BranchResult) -> Optional[float]:
   return float(rew[-1]) if rew else r.final.get("reward")
 
 
-def _write_json(path: pathlib.Path, data: Any) -> None:
-  tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-  os.replace(tmp, path)
-
-
-class Controller:
+class Controller(HumanGates, Escalation, HarnessEvolution):
   """Runs the evolution over `ledger` (see the module docstring).
 
   Args:
@@ -270,28 +177,6 @@ class Controller:
 
   # ---------------------------------------------------------------- setup
 
-  def _ensure_harness(self) -> None:
-    from evotrainer.harness.diagnostics import DIAGNOSTICS
-    from evotrainer.harness.validators import VALIDATORS
-    given_d = self._given["diagnostics"]
-    given_v = self._given["validators"]
-    if given_d is None:
-      given_d = [DIAGNOSTICS[n]() for n in DEFAULT_DIAGNOSTICS]
-    if given_v is None:
-      given_v = [VALIDATORS[n]() for n in DEFAULT_VALIDATORS]
-    hid = self.ledger.get_meta("controller/harness")
-    if hid is None:
-      self.ledger.add_harness_version("h0", {d.name: _config(d) for d in given_d},
-                                      {v.name: _config(v) for v in given_v},
-                                      reason="initial harness")
-      self.ledger.set_meta("controller/harness", "h0")
-      self._diagnostics, self._validators = list(given_d), list(given_v)
-      return
-    rec = self.ledger.harness_version(hid)  # rebuild: given instances, else library defaults
-    by_d, by_v = {d.name: d for d in given_d}, {v.name: v for v in given_v}
-    self._diagnostics = [by_d.get(n) or DIAGNOSTICS[n]() for n in rec.diagnostics]
-    self._validators = [by_v.get(n) or VALIDATORS[n]() for n in rec.validators]
-
   def _ensure_root(self, checkpoint: Optional[str] = None, bindings: Sequence[str] = (),
                    reason: str = "root version (the base training)") -> None:
     """Records and trains the root (from the warm start; from `checkpoint` under
@@ -365,86 +250,7 @@ class Controller:
     return Evidence(episodes=self._episodes(vid, r), series=dict(r.series),
                     heldout={**r.final, "avg8": _avg8(r)}, parent=parent)
 
-  def _group(self, iv: Intervention) -> str:
-    try:
-      return self.space.knob_for(iv).group
-    except Exception:  # pylint: disable=broad-except  (a decision from an older space)
-      return ""
-
-  # ---------------------------------------------------------------- gates
-
-  def _gate(self, stage: str, gen: int, payload: Mapping) -> None:
-    """Human-gated mode: write gate.json and wait for approval (file or callable)."""
-    if not self.human_gated:
-      return
-    key = f"controller/gate/{gen}/{stage}"
-    if self.ledger.get_meta(key):
-      return
-    gate = {"stage": stage, "generation": gen, "awaiting": payload,
-            "approve": f"python -m evotrainer.launch --workdir={self.workdir} --approve "
-                       f"(or create {self.workdir / 'approve'})"}
-    path, flag = self.workdir / "gate.json", self.workdir / "approve"
-    _write_json(path, gate)
-    print(f"[evotrainer] human gate '{stage}' (generation {gen}) waits; see {path}; "
-          f"approve: {gate['approve']}", flush=True)
-    start = time.time()
-    while True:
-      if flag.exists():
-        flag.unlink()
-        break
-      if self.approve is not None and self.approve(gate):
-        break
-      if self.gate_timeout_s is not None and time.time() - start > self.gate_timeout_s:
-        raise GateTimeout(f"gate {stage} of generation {gen} not approved within "
-                          f"{self.gate_timeout_s}s (see {path})")
-      time.sleep(self.poll_s)
-    self.ledger.set_meta(key, {"approved": True})
-    path.unlink(missing_ok=True)
-
   # ---------------------------------------------------------------- plan
-
-  def _escalate(self, gen: int) -> Optional[dict]:
-    """Escalation after `escalate_after` consecutive rejections (stored per generation)."""
-    key = f"controller/escalation/{gen}"
-    stored = self.ledger.get_meta(key)
-    if stored is not None:
-      return stored or None
-    n = self.ledger.consecutive_rejections()
-    if n < self.escalate_after:
-      self.ledger.set_meta(key, {})
-      return None
-    inc = self.ledger.incumbent()
-    ok, why = self.eval_check()
-    failed = [d for d in self.ledger.decisions(parent=inc.id) if d.outcome == "failure"]
-    avoid = sorted({self._group(Intervention.from_dict(d.intervention)) for d in failed
-                    if "binding" in d.intervention} - {""})
-    actions = [f"re-validated the evaluation pipeline: {'ok' if ok else 'FAILED'}: {why}",
-               f"switch layer: interventions on {avoid or 'other groups'} come last",
-               "prefer a subtraction (remove / revert) first"]
-    rollback = None
-    if ok and n >= 2 * self.escalate_after:
-      back = next((a for a in self.ledger.lineage(inc.id)[1:] if a.status in GOOD), None)
-      if back is not None:
-        rollback = back.id
-        actions.append(f"rolled back from {inc.id} to the last good version {back.id}")
-    did = f"g{gen}-escalation"
-    esc = {"decision": did, "rejections": n, "avoid_groups": avoid,
-           "prefer_subtraction": True, "rollback": rollback, "eval_ok": ok}
-    with self.ledger.transaction():
-      self.ledger.add_decision(
-          did, inc.id, intervention={"escalation": actions, "avoid_groups": avoid},
-          hypothesis=f"escalation: {n} consecutive rejections on {inc.id}; the bottleneck "
-                     f"is elsewhere than the last changes assumed",
-          criterion="the next generation keeps a version")
-      self.ledger.update_decision(did, outcome="partial" if ok else "failure",
-                                  why="; ".join(actions))
-      if rollback:
-        self.ledger.set_incumbent(rollback)
-      self.ledger.set_meta(key, esc)
-    if not ok:
-      raise EvaluationPipelineError(f"escalation at generation {gen}: the evaluation "
-                                    f"pipeline failed its re-validation: {why}")
-    return esc
 
   def _diagnose(self, inc: VersionRecord, r: BranchResult) -> list:
     from evotrainer.harness.diagnostics import run_diagnostics
@@ -656,156 +462,6 @@ class Controller:
     except SkillError:
       pass  # a template the skill language cannot express (e.g. a whole-list value)
 
-  # ---------------------------------------------------------------- harness evolution
-
-  def _gaps(self, gen: int, plan: Mapping) -> list:
-    gaps = []
-    quiet = 0
-    for g in range(gen, 0, -1):
-      if (self.ledger.get_meta(f"controller/evaluated/{g}") or {}).get("promoted"):
-        break
-      quiet += 1
-    last = self.ledger.get_meta("controller/harness_changed_gen", 0)
-    if quiet >= self.gap_generations and gen - last >= self.gap_generations:
-      gaps.append(f"score insufficient: {quiet} generations without a kept version")
-    for b in plan["branches"]:
-      v = self.ledger.version(b["version"])
-      h = v.heldout if v is not None else {}
-      if "lo" in h and (h["lo"] > 0 or h["hi"] < 0):  # a change beyond noise
-        moved = self._moved(self._diagnostics, v.id, plan["parent"])
-        if moved is not None and not moved:
-          gaps.append(f"score change unexplained on {v.id}: held-out {h['diff']:+.4f} "
-                      f"beyond noise, and no active metric moved by more than "
-                      f"{self.explain_tol:.0%} from {plan['parent']}")
-          break
-    from evotrainer.harness.validators import ProxyTrueDisagreement
-    probe = ProxyTrueDisagreement()
-    inc = self.ledger.incumbent()
-    ids = [b["version"] for b in plan["branches"]] + ([inc.id] if inc else [])
-    for vid in ids:
-      if self.result(vid) is not None:
-        v = probe(self.evidence(vid))
-        if not v.passed:
-          gaps.append(f"signal ambiguous on {vid}: {v.reason}")
-          break
-    return gaps
-
-  def _train_metrics(self, diags: Sequence, vid: str) -> dict:
-    """The diagnostics' metrics over version `vid`'s stored training episodes ({}: none)."""
-    from evotrainer.harness.diagnostics import run_diagnostics
-    r = self.result(vid)
-    eps = self._episodes(vid, r, "train")
-    if not eps:
-      return {}
-    metrics, _ = run_diagnostics(list(diags), eps, {"heldout": r.final, "series": r.series})
-    return {k: v for k, v in metrics.items() if not math.isnan(v)}
-
-  def _moved(self, diags: Sequence, vid: str, parent: str) -> Optional[list]:
-    """The metrics of `diags` that moved from `parent` to `vid` by more than
-    `explain_tol` (relative to the larger magnitude); None when either has no episodes."""
-    a, b = self._train_metrics(diags, vid), self._train_metrics(diags, parent)
-    if not a or not b:
-      return None
-    return sorted(k for k in a.keys() & b.keys()
-                  if abs(a[k] - b[k]) > self.explain_tol * max(abs(a[k]), abs(b[k]), 1e-9))
-
-  def _separates(self, diag, kept: list, rejected: list) -> Optional[float]:
-    """Standardized |mean(kept) - mean(rejected)| of a diagnostic's metric (None: no data)."""
-    from evotrainer.harness.diagnostics import run_diagnostics
-    vals = {}
-    for vid in kept + rejected:
-      r = self.result(vid)
-      eps = self._episodes(vid, r, "train")
-      if not eps:
-        continue
-      metrics, _ = run_diagnostics([diag], eps, {"heldout": r.final, "series": r.series})
-      if diag.name in metrics and not math.isnan(metrics[diag.name]):
-        vals[vid] = metrics[diag.name]
-    a = [vals[v] for v in kept if v in vals]
-    b = [vals[v] for v in rejected if v in vals]
-    if not a or not b:
-      return None
-    allv = a + b
-    mean = sum(allv) / len(allv)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in allv) / len(allv)) or 1e-12
-    return abs(sum(a) / len(a) - sum(b) / len(b)) / sd
-
-  def _evolve_harness(self, gen: int, plan: Mapping) -> None:
-    from evotrainer.harness.diagnostics import DIAGNOSTICS
-    from evotrainer.harness.validators import VALIDATORS, run_validators
-    gaps = self._gaps(gen, plan)
-    added_d, added_v, notes = [], [], []
-    if gaps:
-      active_d = {d.name for d in self._diagnostics}
-      active_v = {v.name for v in self._validators}
-      decided = [v for v in self.ledger.versions() if v.id != ROOT]
-      kept = [v.id for v in decided if v.status in GOOD]
-      rejected = [v.id for v in decided if v.status == "rejected"]
-      for name, cls in DIAGNOSTICS.items():
-        if name in active_d or name == "domain":
-          continue
-        sep = self._separates(cls(), kept, rejected)
-        if sep is not None and sep > self.separation:
-          added_d.append(cls())
-          notes.append(f"diagnostic {name} separates kept from rejected (d={sep:.2f})")
-      for g in gaps:  # diagnostics that explain a score change the active ones miss
-        m = re.match(r"score change unexplained on (\S+):", g)
-        if not m:
-          continue
-        for name, cls in DIAGNOSTICS.items():
-          if name in active_d or name == "domain" or any(d.name == name for d in added_d):
-            continue
-          if self._moved([cls()], m.group(1), plan["parent"]):
-            added_d.append(cls())
-            notes.append(f"diagnostic {name} moved with the unexplained score change of "
-                         f"{m.group(1)}")
-      if any(g.startswith("signal ambiguous") for g in gaps) and \
-          "proxy_true_disagreement" not in active_v:
-        added_v.append(VALIDATORS["proxy_true_disagreement"]())
-        notes.append("validator proxy_true_disagreement: a proxy rises while BC does not")
-    with self.ledger.transaction():
-      if added_d or added_v:
-        cur = self.ledger.get_meta("controller/harness")
-        hid = f"h{len(self.ledger.harness_versions())}"
-        self._diagnostics += added_d
-        self._validators += added_v
-        self.ledger.add_harness_version(
-            hid, {d.name: _config(d) for d in self._diagnostics},
-            {v.name: _config(v) for v in self._validators}, parent=cur,
-            reason="; ".join(gaps + notes))
-        self.ledger.set_meta("controller/harness", hid)
-        self.ledger.set_meta("controller/harness_changed_gen", gen)
-        if added_v:
-          self._recheck(hid, added_v, run_validators)
-      elif gaps:
-        self.ledger.set_meta("controller/harness_changed_gen", gen)  # looked; nothing new
-      self.ledger.set_meta(f"controller/harness_done/{gen}", {"gaps": gaps, "notes": notes})
-
-  def _recheck(self, hid: str, validators: list, run_validators: Callable) -> None:
-    """Re-checks every kept version (the root aside) under new validators; demotes the
-    ones that fail and prunes their kept descendants; the incumbent rolls back."""
-    demoted = []
-    for v in self.ledger.versions():
-      if v.id == ROOT or v.status not in GOOD:
-        continue
-      parent = self.evidence(v.parent) if v.parent else None
-      failed = [x for x in run_validators(validators, self.evidence(v.id, parent))
-                if not x.passed]
-      if failed:
-        self.ledger.set_status(v.id, "rejected",
-                               f"demoted under harness {hid}: validator "
-                               f"{failed[0].validator}: {failed[0].reason}")
-        demoted.append(v.id)
-    for v in self.ledger.versions():
-      if v.status in GOOD and any(a.id in demoted for a in self.ledger.lineage(v.id)[1:]):
-        self.ledger.set_status(v.id, "pruned", f"descends from demoted "
-                               f"{next(a.id for a in self.ledger.lineage(v.id) if a.id in demoted)}")
-    inc = self.ledger.incumbent()
-    if inc is None or inc.status not in GOOD:
-      back = next((a.id for a in (self.ledger.lineage(inc.id) if inc else [])
-                   if a.status in GOOD), ROOT)
-      self.ledger.set_incumbent(back)
-
   # ---------------------------------------------------------------- summary
 
   def summary(self) -> dict:
@@ -829,7 +485,7 @@ class Controller:
     """summary.json (`summary()` updated with `extra`), and report.html regenerated beside
     it (a report that fails to render is logged, never the end of the run)."""
     path = self.workdir / "summary.json"
-    _write_json(path, {**self.summary(), **(extra or {})})
+    write_json(path, {**self.summary(), **(extra or {})})
     try:
       from evotrainer.report import render_report
       render_report(self.workdir, ledger=self.ledger)

@@ -20,222 +20,35 @@ content an error — so a resumed run can redo its last step without duplicating
 An existing file with another schema version (or not a ledger at all) is refused with
 an error and never written to: open it with the EvoTrainer version that wrote it, or use
 a new workdir.
+
+This module holds the `Ledger` (connection, transactions, idempotent writes, queries);
+ledger_records.py holds the SQL schema and the typed records rows read back as,
+ledger_table.py the printable lineage table. Their public names are re-exported here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import math
 import os
 import sqlite3
 import threading
 import time
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-SCHEMA_VERSION = 1
-VERSION_STATUSES = ("running", "kept", "rejected", "merged", "pruned")
-ATTEMPT_STATUSES = ("running", "done", "failed")
-OUTCOMES = ("success", "failure", "partial", "dropped")  # dropped: failed its backtest
-GOOD = ("kept", "merged")  # statuses a version can be the incumbent with
+from evotrainer.evolution.ledger_records import (ATTEMPT_STATUSES, GOOD, OUTCOMES, ROOT,
+                                                 SCHEMA_SQL, SCHEMA_VERSION,
+                                                 VERSION_STATUSES, AttemptRecord,
+                                                 DecisionRecord, FindingRecord,
+                                                 HarnessVersionRecord, SkillUseRecord,
+                                                 VersionRecord, as_record, dumps, sql_real)
+from evotrainer.evolution.ledger_table import lineage_table
+
 _RESERVED_META = ("schema_version", "incumbent", "incumbent_seq", "clock")
 
 
 class LedgerError(RuntimeError):
   """The ledger cannot be opened, or a write contradicts what is recorded."""
-
-
-_SCHEMA = f"""
-CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE harness_versions (
-  id TEXT PRIMARY KEY,
-  parent TEXT REFERENCES harness_versions(id),
-  diagnostics TEXT NOT NULL,
-  validators TEXT NOT NULL,
-  reason TEXT NOT NULL DEFAULT '',
-  created_time REAL NOT NULL);
-CREATE TABLE versions (
-  id TEXT PRIMARY KEY,
-  parent TEXT REFERENCES versions(id),
-  status TEXT NOT NULL CHECK (status IN {VERSION_STATUSES}),
-  created_step INTEGER NOT NULL DEFAULT 0,
-  created_time REAL NOT NULL,
-  bindings TEXT NOT NULL,
-  gin TEXT NOT NULL DEFAULT '',
-  checkpoint TEXT,
-  metrics TEXT NOT NULL DEFAULT '{{}}',
-  heldout TEXT NOT NULL DEFAULT '{{}}',
-  harness_version TEXT REFERENCES harness_versions(id),
-  reason TEXT NOT NULL DEFAULT '',
-  decided_seq INTEGER);
-CREATE INDEX versions_parent ON versions(parent);
-CREATE TABLE attempts (
-  id TEXT PRIMARY KEY,
-  version_id TEXT NOT NULL REFERENCES versions(id),
-  parent TEXT REFERENCES versions(id),
-  intervention_id TEXT,
-  started REAL NOT NULL,
-  finished REAL,
-  status TEXT NOT NULL CHECK (status IN {ATTEMPT_STATUSES}));
-CREATE TABLE findings (
-  id TEXT PRIMARY KEY,
-  version_id TEXT NOT NULL REFERENCES versions(id),
-  stage TEXT NOT NULL,
-  kind TEXT NOT NULL,
-  layer TEXT NOT NULL,
-  severity REAL NOT NULL,
-  value REAL,
-  threshold REAL,
-  message TEXT NOT NULL,
-  evidence TEXT NOT NULL);
-CREATE INDEX findings_version ON findings(version_id);
-CREATE TABLE decisions (
-  id TEXT PRIMARY KEY,
-  parent TEXT NOT NULL REFERENCES versions(id),
-  version_id TEXT REFERENCES versions(id),
-  hypothesis TEXT NOT NULL,
-  intervention TEXT NOT NULL,
-  backtest TEXT,
-  criterion TEXT NOT NULL,
-  skill TEXT,
-  outcome TEXT CHECK (outcome IS NULL OR outcome IN {OUTCOMES}),
-  why TEXT NOT NULL DEFAULT '');
-CREATE TABLE skills_used (
-  version_id TEXT NOT NULL REFERENCES versions(id),
-  skill TEXT NOT NULL,
-  decision_id TEXT REFERENCES decisions(id),
-  domain TEXT NOT NULL DEFAULT '',
-  outcome TEXT CHECK (outcome IS NULL OR outcome IN {OUTCOMES}),
-  PRIMARY KEY (version_id, skill));
-"""
-
-
-# ------------------------------------------------------------------ records
-
-
-def _dumps(value: Any) -> str:
-  """Canonical JSON (sorted keys): stored text doubles as the equality test."""
-  return json.dumps(_plain(value), sort_keys=True)
-
-
-def _plain(value: Any) -> Any:
-  if dataclasses.is_dataclass(value) and not isinstance(value, type):
-    to_dict = getattr(value, "to_dict", None)
-    return _plain(to_dict() if to_dict else dataclasses.asdict(value))
-  if isinstance(value, Mapping):
-    return {str(k): _plain(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_plain(v) for v in value]
-  if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalar
-    return value.item()
-  return value
-
-
-def _loads(text: Optional[str]) -> Any:
-  return None if text is None else json.loads(text)
-
-
-def _real(x: Optional[float]) -> Optional[float]:
-  """SQLite stores NaN as NULL; say so explicitly (and read NULL back as NaN)."""
-  return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
-
-
-def _nan(x: Optional[float]) -> float:
-  return float("nan") if x is None else float(x)
-
-
-@dataclasses.dataclass(frozen=True)
-class VersionRecord:
-  """One policy version. `bindings`: the gin bindings changed against the parent
-  ({binding: value}; the root's holds the initial values of the search space)."""
-
-  id: str
-  parent: Optional[str]
-  status: str
-  created_step: int
-  created_time: float
-  bindings: dict
-  gin: str
-  checkpoint: Optional[str]
-  metrics: dict
-  heldout: dict  # e.g. {'avg8': .41, 'noise': .02, 'pass8': .7}
-  harness_version: Optional[str]
-  reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class AttemptRecord:
-  """One branch training: `version_id` trained from `parent` for an intervention."""
-
-  id: str
-  version_id: str
-  parent: Optional[str]
-  intervention_id: Optional[str]
-  started: float
-  finished: Optional[float]
-  status: str
-
-
-@dataclasses.dataclass(frozen=True)
-class FindingRecord:
-  """A stored `types.Finding` plus where it belongs (same field names as Finding)."""
-
-  id: str
-  version_id: str
-  stage: str
-  kind: str
-  layer: str
-  severity: float
-  value: float
-  threshold: float
-  message: str
-  evidence: tuple  # ((episode_id, snippet), ...)
-
-  def to_finding(self):
-    """The `evotrainer.types.Finding` (imports the records module, which imports JAX)."""
-    from evotrainer.types import Finding
-    return Finding(kind=self.kind, layer=self.layer, severity=self.severity,
-                   value=self.value, threshold=self.threshold, message=self.message,
-                   evidence=self.evidence)
-
-
-@dataclasses.dataclass(frozen=True)
-class DecisionRecord:
-  """Case memory of one intervention: designed on `parent`, trained as `version_id`
-  (None when it was dropped before training)."""
-
-  id: str
-  parent: str
-  version_id: Optional[str]
-  hypothesis: str
-  intervention: dict
-  backtest: Optional[dict]
-  criterion: str
-  skill: Optional[str]
-  outcome: Optional[str]
-  why: str
-
-
-@dataclasses.dataclass(frozen=True)
-class HarnessVersionRecord:
-  """Active diagnostics and validators ({name: {threshold, ...}}) of one harness version."""
-
-  id: str
-  parent: Optional[str]
-  diagnostics: dict
-  validators: dict
-  reason: str
-  created_time: float
-
-
-@dataclasses.dataclass(frozen=True)
-class SkillUseRecord:
-  version_id: str
-  skill: str
-  decision_id: Optional[str]
-  domain: str
-  outcome: Optional[str]
 
 
 # ------------------------------------------------------------------ the ledger
@@ -270,7 +83,7 @@ class Ledger:
     if not existing:
       with self.transaction():
         # One statement at a time: executescript() would commit the open transaction.
-        for statement in _SCHEMA.split(";"):
+        for statement in SCHEMA_SQL.split(";"):
           if statement.strip():
             self._conn.execute(statement)
         self._put_meta("schema_version", SCHEMA_VERSION)
@@ -349,7 +162,7 @@ class Ledger:
 
   def _put_meta(self, key: str, value: Any) -> None:
     self._conn.execute("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO "
-                       "UPDATE SET value=excluded.value", (key, _dumps(value)))
+                       "UPDATE SET value=excluded.value", (key, dumps(value)))
 
   def get_meta(self, key: str, default: Any = None) -> Any:
     """A JSON value stored under `key` (the controller's own state, e.g. an rng seed)."""
@@ -443,18 +256,18 @@ class Ledger:
                           parent: Optional[str] = None, reason: str = "") -> None:
     """Records a harness version: {name: config} of active diagnostics and validators."""
     self._add("harness_versions", {"id": id},
-              {"parent": parent, "diagnostics": _dumps(diagnostics),
-               "validators": _dumps(validators), "reason": reason},
+              {"parent": parent, "diagnostics": dumps(diagnostics),
+               "validators": dumps(validators), "reason": reason},
               extra={"created_time": time.time()})
 
   def harness_version(self, id: str) -> HarnessVersionRecord:
     row = self._row("harness_versions", {"id": id})
     if row is None:
       raise LedgerError(f"harness version {id!r} is not in the ledger")
-    return _record(HarnessVersionRecord, row)
+    return as_record(HarnessVersionRecord, row)
 
   def harness_versions(self) -> list:
-    return [_record(HarnessVersionRecord, r) for r in self._select("harness_versions")]
+    return [as_record(HarnessVersionRecord, r) for r in self._select("harness_versions")]
 
   # ---------------------------------------------------------------- versions
 
@@ -469,7 +282,7 @@ class Ledger:
     with self.transaction():
       inserted = self._add(
           "versions", {"id": id},
-          {"parent": parent, "bindings": _dumps(dict(bindings)), "gin": gin,
+          {"parent": parent, "bindings": dumps(dict(bindings)), "gin": gin,
            "created_step": int(created_step), "harness_version": harness_version},
           {"checkpoint": checkpoint},
           {"created_time": time.time(), "status": status, "reason": reason})
@@ -481,8 +294,8 @@ class Ledger:
                      gin: Optional[str] = None) -> None:
     """Sets the given fields (whole values: `metrics` replaces the stored dict)."""
     cols = {"checkpoint": checkpoint, "gin": gin,
-            "metrics": None if metrics is None else _dumps(metrics),
-            "heldout": None if heldout is None else _dumps(heldout)}
+            "metrics": None if metrics is None else dumps(metrics),
+            "heldout": None if heldout is None else dumps(heldout)}
     cols = {c: v for c, v in cols.items() if v is not None}
     if cols:
       self._update("versions", {"id": id}, cols)
@@ -532,14 +345,14 @@ class Ledger:
     row = self._row("versions", {"id": id})
     if row is None:
       raise LedgerError(f"version {id!r} is not in the ledger")
-    return _record(VersionRecord, row)
+    return as_record(VersionRecord, row)
 
   def has_version(self, id: str) -> bool:
     return self._row("versions", {"id": id}) is not None
 
   def versions(self, status: Optional[str] = None) -> list:
     """Versions in creation order, optionally only those with `status`."""
-    return [_record(VersionRecord, r) for r in self._select("versions", status=status)]
+    return [as_record(VersionRecord, r) for r in self._select("versions", status=status)]
 
   def lineage(self, id: str) -> list:
     """[version, parent, ..., root]: the path from `id` to the root."""
@@ -555,7 +368,7 @@ class Ledger:
     return out
 
   def children(self, id: str) -> list:
-    return [_record(VersionRecord, r) for r in self._select("versions", parent=id)]
+    return [as_record(VersionRecord, r) for r in self._select("versions", parent=id)]
 
   def incumbent(self) -> Optional[VersionRecord]:
     """The current best kept version (set by `promote`, rolled back by demotions)."""
@@ -596,7 +409,7 @@ class Ledger:
 
   def attempts(self, version: Optional[str] = None, status: Optional[str] = None) -> list:
     """Attempts in start order; a resumed run looks for status='running' ones."""
-    return [_record(AttemptRecord, r)
+    return [as_record(AttemptRecord, r)
             for r in self._select("attempts", version_id=version, status=status)]
 
   # ---------------------------------------------------------------- findings
@@ -615,12 +428,12 @@ class Ledger:
       for i, f in enumerate(findings):
         self._add("findings", {"id": f"{version_id}/{stage}/{i}"},
                   {"version_id": version_id, "stage": stage, "kind": f.kind,
-                   "layer": f.layer, "severity": _real(f.severity), "value": _real(f.value),
-                   "threshold": _real(f.threshold), "message": f.message,
-                   "evidence": _dumps(list(f.evidence))})
+                   "layer": f.layer, "severity": sql_real(f.severity), "value": sql_real(f.value),
+                   "threshold": sql_real(f.threshold), "message": f.message,
+                   "evidence": dumps(list(f.evidence))})
 
   def findings(self, version: Optional[str] = None, stage: Optional[str] = None) -> list:
-    return [_record(FindingRecord, r)
+    return [as_record(FindingRecord, r)
             for r in self._select("findings", version_id=version, stage=stage)]
 
   # ---------------------------------------------------------------- decisions
@@ -635,9 +448,9 @@ class Ledger:
     """
     self._add("decisions", {"id": id},
               {"parent": parent, "hypothesis": hypothesis,
-               "intervention": _dumps(intervention), "criterion": criterion, "skill": skill},
+               "intervention": dumps(intervention), "criterion": criterion, "skill": skill},
               {"version_id": version_id,
-               "backtest": None if backtest is None else _dumps(backtest)})
+               "backtest": None if backtest is None else dumps(backtest)})
 
   def update_decision(self, id: str, *, version_id: Optional[str] = None,
                       backtest: Optional[Mapping] = None, outcome: Optional[str] = None,
@@ -645,7 +458,7 @@ class Ledger:
     if outcome is not None and outcome not in OUTCOMES:
       raise LedgerError(f"decision {id}: outcome {outcome!r}; expected one of {OUTCOMES}")
     cols = {"version_id": version_id, "outcome": outcome, "why": why,
-            "backtest": None if backtest is None else _dumps(backtest)}
+            "backtest": None if backtest is None else dumps(backtest)}
     cols = {c: v for c, v in cols.items() if v is not None}
     if cols:
       self._update("decisions", {"id": id}, cols)
@@ -654,12 +467,12 @@ class Ledger:
     row = self._row("decisions", {"id": id})
     if row is None:
       raise LedgerError(f"decision {id!r} is not in the ledger")
-    return _record(DecisionRecord, row)
+    return as_record(DecisionRecord, row)
 
   def decisions(self, version: Optional[str] = None, parent: Optional[str] = None) -> list:
     """Decisions in order; `version`: those trained as that version; `parent`: those
     designed on that version (dropped ones included)."""
-    return [_record(DecisionRecord, r)
+    return [as_record(DecisionRecord, r)
             for r in self._select("decisions", version_id=version, parent=parent)]
 
   # ---------------------------------------------------------------- skills used
@@ -677,79 +490,15 @@ class Ledger:
                  {"outcome": outcome})
 
   def skills_used(self, version: Optional[str] = None) -> list:
-    return [_record(SkillUseRecord, r) for r in self._select("skills_used", version_id=version)]
+    return [as_record(SkillUseRecord, r) for r in self._select("skills_used", version_id=version)]
 
   # ---------------------------------------------------------------- the table
 
   def table(self, width: int = 48) -> str:
     """The lineage as a printable text table (a tree by indentation; '*' = incumbent)."""
-    versions = self.versions()
-    if not versions:
-      return "(empty ledger)"
-    inc = self.get_meta("incumbent")
-    changes = {d.version_id: d.intervention.get("description", "")
-               for d in self.decisions() if d.version_id}
-    by_parent: dict = {}
-    for v in versions:
-      by_parent.setdefault(v.parent, []).append(v)
-    known = {v.id for v in versions}
-    roots = [v for v in versions if v.parent is None or v.parent not in known]
-    rows = []
-
-    def walk(v: VersionRecord, depth: int) -> None:
-      change = changes.get(v.id) or ("; ".join(f"{b}={json.dumps(x)}" for b, x in
-                                                v.bindings.items()) if v.parent else "(root)")
-      rows.append(["*" if v.id == inc else "", "  " * depth + v.id, v.status,
-                   str(v.created_step), _heldout_cell(v.heldout),
-                   _num_cell(v.metrics.get("proxy_reward")), _clip(change, width),
-                   _clip(v.reason, width)])
-      for c in by_parent.get(v.id, []):
-        walk(c, depth + 1)
-
-    for r in roots:
-      walk(r, 0)
-    head = ["", "version", "status", "step", "heldout", "proxy", "change", "reason"]
-    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
-    fmt = lambda r: " ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+    return lineage_table(self, width)
 
 
-def _clip(text: str, width: int) -> str:
-  text = " ".join(str(text).split())
-  return text if len(text) <= width else text[:width - 3] + "..."
-
-
-def _num_cell(x: Any) -> str:
-  return f"{x:.4f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else ""
-
-
-def _heldout_cell(heldout: Mapping) -> str:
-  """'avg8 0.4120±0.0200' from {'avg8': .412, 'noise': .02} (first numeric key if no avg8)."""
-  nums = {k: v for k, v in heldout.items()
-          if isinstance(v, (int, float)) and not isinstance(v, bool)}
-  key = "avg8" if "avg8" in nums else next((k for k in nums if "noise" not in k), None)
-  if key is None:
-    return ""
-  noise = nums.get("noise", nums.get(f"{key}_noise"))
-  return f"{key} {nums[key]:.4f}" + (f"±{noise:.4f}" if noise is not None else "")
-
-
-_JSON_COLUMNS = ("bindings", "metrics", "heldout", "diagnostics", "validators",
-                 "intervention", "backtest")
-
-
-def _record(cls: type, row: sqlite3.Row):
-  """The record `cls` of a row: JSON columns decoded; findings get NaN back for NULL and
-  their evidence as tuples."""
-  d = {f.name: row[f.name] for f in dataclasses.fields(cls)}
-  d.update({k: _loads(d[k]) for k in _JSON_COLUMNS if k in d})
-  if cls is FindingRecord:
-    d.update(value=_nan(d["value"]), threshold=_nan(d["threshold"]),
-             evidence=tuple(tuple(e) if isinstance(e, list) else e
-                            for e in _loads(d["evidence"])))
-  return cls(**d)
-
-
-__all__ = ["ATTEMPT_STATUSES", "AttemptRecord", "DecisionRecord", "FindingRecord",
-           "HarnessVersionRecord", "Ledger", "LedgerError", "OUTCOMES", "SCHEMA_VERSION",
-           "SkillUseRecord", "VERSION_STATUSES", "VersionRecord"]
+__all__ = ["ATTEMPT_STATUSES", "AttemptRecord", "DecisionRecord", "FindingRecord", "GOOD",
+           "HarnessVersionRecord", "Ledger", "LedgerError", "OUTCOMES", "ROOT",
+           "SCHEMA_VERSION", "SkillUseRecord", "VERSION_STATUSES", "VersionRecord"]

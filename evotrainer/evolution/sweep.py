@@ -24,9 +24,10 @@ import pathlib
 import sqlite3
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from evotrainer.evolution.controller import (HARNESS_GROUPS, HARNESS_PREFIXES, ROOT,
-                                             Controller, harness_backtester)
-from evotrainer.evolution.ledger import Ledger
+from evotrainer.evolution.backtest import (HARNESS_GROUPS, HARNESS_PREFIXES,
+                                           harness_backtester)
+from evotrainer.evolution.controller import Controller
+from evotrainer.evolution.ledger import ROOT, Ledger
 from evotrainer.evolution.proposers import DEFAULT_CRITERION
 from evotrainer.evolution.search_space import (Intervention, SearchSpace, SearchSpaceError,
                                                _lookup, _parse_binding, current_value,
