@@ -120,7 +120,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
     controller = Controller(ledger, trainer, space, skills, workdir=workdir, domain="math",
                             branches=branches, generations=generations, seed=seed,
                             values=space.current_values(), proposer=proposer,
-                            human_gated=human_gated,
+                            human_gated=human_gated, progress=True,
                             harness_builder=gin_harness_builder() if backtest else None)
     if mode == "sweep":
       rows = sweep_lib.Sweep(controller, variants, parent=cfg["parent"],

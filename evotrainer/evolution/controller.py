@@ -53,6 +53,7 @@ from evotrainer.evolution.gates import (GATES, GateError, GateTimeout, HumanGate
 from evotrainer.evolution.harness_evolution import (DEFAULT_DIAGNOSTICS, DEFAULT_VALIDATORS,
                                                     HarnessEvolution)
 from evotrainer.evolution.ledger import ROOT, Ledger, VersionRecord
+from evotrainer.evolution.progress import Progress
 from evotrainer.evolution.proposers import Hypothesis, propose
 from evotrainer.evolution.search_space import SearchSpace, canonical, format_value
 from evotrainer.evolution.skills import Skill, SkillError, SkillLibrary, template_of
@@ -110,6 +111,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     approve: `(gate: dict) -> bool`, polled at a gate.
     poll_s, gate_timeout_s: gate polling interval and limit (None: wait forever).
     learn_skills: write a skill when a non-skill intervention is kept.
+    progress: a bar over the trainings and one line per event on the terminal.
   """
 
   def __init__(self, ledger: Ledger, trainer: Trainer, space: SearchSpace,
@@ -124,7 +126,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
                gap_generations: int = 3, separation: float = 1.0, explain_tol: float = 0.1,
                human_gated: bool = False,
                approve: Optional[Callable[[dict], bool]] = None, poll_s: float = 2.0,
-               gate_timeout_s: Optional[float] = None, learn_skills: bool = True):
+               gate_timeout_s: Optional[float] = None, learn_skills: bool = True,
+               progress: bool = False):
     self.ledger, self.trainer, self.space, self.skills = ledger, trainer, space, skills
     self.workdir = pathlib.Path(workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
@@ -142,12 +145,17 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     self._validators: list = []
     self._diagnostics: list = []
     self._t0 = time.time()
+    self.show_progress = progress
+    self.progress = Progress(0, enabled=False)
 
   # ---------------------------------------------------------------- the loop
 
   def run(self) -> Optional[VersionRecord]:
     """Runs (or resumes) up to `generations` generations; returns the incumbent."""
     self._t0 = time.time()
+    done = sum(1 for v in self.ledger.versions() if "result" in v.metrics
+               or v.status != "running")
+    self.progress = Progress(1 + self.generations * self.k, done, self.show_progress)
     self._ensure_harness()
     self._ensure_root()
     while True:
@@ -162,13 +170,25 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
         self.ledger.set_meta("controller/generation", done + 1)
       self.write_summary()
     self.write_summary()
-    return self.ledger.incumbent()
+    self.progress.close()
+    inc = self.ledger.incumbent()
+    if inc is not None:
+      self.progress.say(f"done: incumbent {inc.id} (held-out avg8 "
+                        f"{inc.heldout.get('avg8', float('nan')):.4f}); "
+                        f"{len(self.ledger.versions())} versions; see {self.workdir}/report.html")
+    return inc
 
   def _generation(self, gen: int) -> None:
     plan = self.ledger.get_meta(f"controller/plan/{gen}")
     if plan is None:
+      inc = self.ledger.incumbent()
+      self.progress.say(f"generation {gen}/{self.generations}: diagnosing incumbent {inc.id} "
+                        f"(held-out avg8 {inc.heldout.get('avg8', float('nan')):.4f})")
       plan = self._plan(gen)
       self.ledger.set_meta(f"controller/plan/{gen}", plan)
+      self.progress.say(f"generation {gen}: {len(plan['branches'])} branches from "
+                        f"{plan['parent']}" + (f", {len(plan['dropped'])} dropped by their "
+                                               f"backtest" if plan["dropped"] else ""))
     results = {b["version"]: self._train(b, plan) for b in plan["branches"]}
     if not self.ledger.get_meta(f"controller/evaluated/{gen}"):
       self._evaluate(gen, plan, results)
@@ -189,10 +209,14 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
                               harness_version=self.ledger.get_meta("controller/harness"))
     root = self.ledger.version(ROOT)
     if "result" not in root.metrics:
+      self.progress.training(ROOT, "the root" + (f" from {checkpoint}" if checkpoint else ""))
+      start = time.time()
       r = self.trainer.train(version=ROOT, parent_checkpoint=checkpoint,
                              bindings=list(bindings), seed=self._train_seed(0),
                              workdir=str(self._vdir(ROOT)))
       self._store_result(ROOT, r)
+      self.progress.trained(ROOT, f"trained in {time.time() - start:.0f}s: held-out avg8 "
+                                  f"{_avg8(r):.4f}")
     if self.ledger.get_meta("incumbent") is None and root.status == "running":
       self.ledger.promote(ROOT, reason=reason)
 
@@ -340,10 +364,11 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
       if h.skill:
         self.ledger.add_skill_use(vid, h.skill, did, self.domain)
     return self._train_version(vid, parent, did, aid, plan["seed"],
-                               lambda: self.space.apply(self.values(parent), iv))
+                               lambda: self.space.apply(self.values(parent), iv),
+                               what=iv.description)
 
   def _train_version(self, vid: str, parent: str, did: str, aid: str, seed: int,
-                     values: Callable[[], Mapping]) -> Optional[BranchResult]:
+                     values: Callable[[], Mapping], what: str = "") -> Optional[BranchResult]:
     """Trains the recorded version `vid` from `parent` under `values()` ({binding: value})
     unless it finished before (its stored result) or failed before (None); a training
     error rejects the version and fails its attempt and decision."""
@@ -352,17 +377,23 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
       return self.result(vid)
     if v.status != "running":
       return None  # failed earlier and was rejected
+    self.progress.training(vid, f"{what or 'branch'} (from {parent})")
+    start = time.time()
     try:
       r = self.trainer.train(version=vid, parent_checkpoint=self.ledger.version(parent).checkpoint,
                              bindings=self._gin(values()), seed=seed,
                              workdir=str(self._vdir(vid)))
     except Exception as e:  # pylint: disable=broad-except  (one branch, not the run)
+      reason = f"training failed: {type(e).__name__}: {str(e)[:300]}"
       with self.ledger.transaction():
         self.ledger.finish_attempt(aid, "failed")
-        self.ledger.reject(vid, f"training failed: {type(e).__name__}: {str(e)[:300]}")
+        self.ledger.reject(vid, reason)
         self.ledger.update_decision(did, outcome="failure", why="training failed")
+      self.progress.trained(vid, reason.splitlines()[0])
       return None
     self._store_result(vid, r, aid)
+    self.progress.trained(vid, f"trained in {time.time() - start:.0f}s: held-out avg8 "
+                               f"{_avg8(r):.4f}")
     return r
 
   # ---------------------------------------------------------------- verify
@@ -444,6 +475,9 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
           self.ledger.reject(x["version"], reason)
       self.ledger.set_meta(f"controller/evaluated/{gen}",
                            {"promoted": best and best["version"]})
+    for x in rows:
+      self.progress.say(f"{x['version']} {'KEPT' if x is best else 'rejected'}: "
+                        f"{outcomes[x['version']][0]}")
 
   def _learn_skill(self, h: Hypothesis, vid: str) -> None:
     iv = h.intervention

@@ -187,6 +187,10 @@ class HarnessEvolution:
       elif gaps:
         self.ledger.set_meta("controller/harness_changed_gen", gen)  # looked; nothing new
       self.ledger.set_meta(f"controller/harness_done/{gen}", {"gaps": gaps, "notes": notes})
+    for g in gaps:
+      self.progress.say(f"diagnostic gap: {g}")
+    for n in notes:
+      self.progress.say(f"harness {self.ledger.get_meta('controller/harness')}: {n}")
 
   def _recheck(self, hid: str, validators: list, run_validators: Callable) -> None:
     """Re-checks every kept version (the root aside) under new validators; demotes the

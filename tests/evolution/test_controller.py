@@ -512,3 +512,18 @@ def test_explained_score_change_is_not_a_gap(tmp_path):
   c.run()
   gaps = ledger.get_meta("controller/harness_done/1")["gaps"]
   assert not any(g.startswith("score change unexplained") for g in gaps)
+
+
+def test_progress_lines_name_each_training_and_verdict(tmp_path, capsys):
+  c, ledger, _ = make(tmp_path, EFFECTS, branches=2, progress=True)
+  c.run()
+  out = capsys.readouterr().out.splitlines()
+  assert "[evolve] training v0: the root" in out
+  assert "[evolve] generation 1/1: diagnosing incumbent v0 (held-out avg8 " in "\n".join(out)
+  for v in ("v1.0", "v1.1"):
+    rec = ledger.version(v)
+    assert any(line.startswith(f"[evolve] training {v}: ") for line in out)
+    assert any(line.startswith(f"[evolve] {v} trained in ") for line in out)
+    verdict = "KEPT" if rec.status == "kept" else "rejected"
+    assert f"[evolve] {v} {verdict}: {rec.reason}" in out
+  assert out[-1].startswith(f"[evolve] done: incumbent {ledger.incumbent().id}")
