@@ -56,7 +56,8 @@ from evotrainer.evolution.ledger import ROOT, Ledger, VersionRecord
 from evotrainer.evolution.progress import Progress
 from evotrainer.evolution.proposers import Hypothesis, propose
 from evotrainer.evolution.search_space import SearchSpace, canonical, format_value
-from evotrainer.evolution.skills import Skill, SkillError, SkillLibrary, template_of
+from evotrainer.evolution.skills import (Skill, SkillError, SkillLibrary, state_of,
+                                         template_of)
 from evotrainer.evolution.stats import paired_bootstrap
 from evotrainer.evolution.trainer import BranchResult, Trainer
 
@@ -460,7 +461,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
       success = outcomes[x["version"]][1] == "success"
       if h.skill and self.skills is not None and h.skill in self.skills:
         self.skills.record_outcome(h.skill, self.domain, success, version=x["version"])
-      elif success and self.learn_skills and self.skills is not None and h.finding:
+      elif success and self.learn_skills and self.skills is not None:
         self._learn_skill(h, x["version"])
     with self.ledger.transaction():
       for x in sorted(rows, key=lambda x: x is best):  # rejections before the promotion
@@ -480,16 +481,23 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
                         f"{outcomes[x['version']][0]}")
 
   def _learn_skill(self, h: Hypothesis, vid: str) -> None:
+    """Writes (or adds evidence to) a skill for a kept change that no skill proposed: it
+    triggers on the finding that motivated the change, if any, in the binding state the
+    change started from (`state_of`), and makes the same change."""
     iv = h.intervention
     name = "learned-" + re.sub(r"[^a-z0-9]+", "-",
-                               f"{h.finding}-{iv.binding}-{iv.kind}-{iv.key or ''}".lower()
-                               ).strip("-")
+                               f"{h.finding or 'state'}-{iv.binding}-{iv.kind}-"
+                               f"{iv.key or ''}".lower()).strip("-")
+    state = state_of(iv)
+    trigger = {"finding": h.finding, "and": [state]} if h.finding else state
+    when = f"{h.finding} fired" if h.finding else f"{state['binding']} {state['op']} " \
+                                                  f"{state['value']!r}"
     try:
       if name not in self.skills:
         self.skills.add(Skill(
             name=name, category=_CATEGORY.get(h.group, "training stability"),
-            description=f"learned on {vid}: {iv.description} when {h.finding} fired",
-            trigger={"finding": h.finding}, intervention=template_of(iv),
+            description=f"learned on {vid}: {iv.description} when {when}",
+            trigger=trigger, intervention=template_of(iv),
             expected_outcome=h.statement, validation_criterion=h.criterion,
             source="learned"))
       self.skills.record_outcome(name, self.domain, True, version=vid)

@@ -222,6 +222,20 @@ def template_of(iv: Intervention) -> dict:
   return t
 
 
+def state_of(iv: Intervention) -> dict:
+  """The binding state `iv` starts from, as a trigger condition: a learned skill then
+  fires where the change it learned applies again (the same weight missing, the same
+  value set), even when no finding motivated it."""
+  if isinstance(iv.new, dict) or isinstance(iv.old, dict):
+    op = "lacks" if iv.kind == "add" else "contains"
+    return {"binding": iv.binding, "op": op, "value": iv.key}
+  if iv.kind in ("add", "remove"):
+    longer, shorter = (iv.new, iv.old or []) if iv.kind == "add" else (iv.old, iv.new)
+    op = "lacks" if iv.kind == "add" else "contains"
+    return {"binding": iv.binding, "op": op, "value": extra_item(longer, shorter)}
+  return {"binding": iv.binding, "op": "==", "value": iv.old}
+
+
 def _scaled(x: Any, factor: float) -> Any:
   if not _is_number(x):
     raise SkillError(f"cannot scale the non-number {x!r}")
@@ -538,4 +552,5 @@ class SkillLibrary:
 
 
 __all__ = ["CATEGORIES", "SEED_DIR", "Skill", "SkillError", "SkillLibrary", "TEMPLATE_KINDS",
-           "check_condition", "check_template", "evaluate", "load_skill", "template_of"]
+           "check_condition", "check_template", "evaluate", "load_skill", "state_of",
+           "template_of"]

@@ -527,3 +527,27 @@ def test_progress_lines_name_each_training_and_verdict(tmp_path, capsys):
     verdict = "KEPT" if rec.status == "kept" else "rejected"
     assert f"[evolve] {v} {verdict}: {rec.reason}" in out
   assert out[-1].startswith(f"[evolve] done: incumbent {ledger.incumbent().id}")
+
+
+def test_a_kept_exploration_change_becomes_a_skill_the_next_run_proposes_first(tmp_path):
+  c, ledger, _ = make(tmp_path, EFFECTS, name="first")
+  c.run()
+  rloo = next(v for d, v in by_change(ledger).items() if "rloo" in d)
+  assert ledger.version(rloo.id).status == "kept"
+  assert ledger.decisions(version=rloo.id)[0].skill is None  # no skill proposed it
+  skill = SkillLibrary(tmp_path / "first" / "skills").get(
+      "learned-state-harness-estimator-set")
+  assert skill.trigger == {"binding": "Harness.estimator", "op": "==", "value": "grpo"}
+  assert skill.intervention == {"binding": "Harness.estimator", "kind": "set",
+                                "value": "rloo"}
+  assert skill.successes == 1
+  # A second run from the first run's skills tries that change first.
+  workdir = tmp_path / "second"
+  skills = SkillLibrary.seeded(workdir / "skills", sources=[tmp_path / "first" / "skills"])
+  second = Controller(Ledger(workdir / "ledger.sqlite"), ScriptedTrainer(EFFECTS), space(),
+                      skills, workdir=workdir, values=VALUES, seed=11, bootstrap_n=1000,
+                      branches=1, generations=1)
+  second.run()
+  (d,) = [d for d in second.ledger.decisions() if d.version_id]
+  assert d.skill == "learned-state-harness-estimator-set"
+  assert d.intervention["new"] == "rloo" and d.outcome == "success"
