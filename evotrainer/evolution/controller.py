@@ -36,6 +36,8 @@ lineage as an uninterrupted run. The harness components import the records modul
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 import os
@@ -485,11 +487,14 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     triggers on the finding that motivated the change, if any, in the binding state the
     change started from (`state_of`), and makes the same change."""
     iv = h.intervention
-    name = "learned-" + re.sub(r"[^a-z0-9]+", "-",
-                               f"{h.finding or 'state'}-{iv.binding}-{iv.kind}-"
-                               f"{iv.key or ''}".lower()).strip("-")
     state = state_of(iv)
     trigger = {"finding": h.finding, "and": [state]} if h.finding else state
+    # One skill per (trigger, change): the same change from the same state adds evidence.
+    digest = hashlib.sha256(json.dumps([trigger, template_of(iv)], sort_keys=True,
+                                       default=str).encode()).hexdigest()[:6]
+    name = "learned-" + re.sub(r"[^a-z0-9]+", "-",
+                               f"{h.finding or 'state'}-{iv.binding}-{iv.kind}-"
+                               f"{iv.key or ''}".lower()).strip("-") + f"-{digest}"
     when = f"{h.finding} fired" if h.finding else f"{state['binding']} {state['op']} " \
                                                   f"{state['value']!r}"
     try:
