@@ -121,16 +121,20 @@ def test_evolve_mode_end_to_end(tmp_path):
   """The controller trains a root and a branch in child processes (branch mode), from the
   parent's state, and records them in the ledger and summary.json."""
   workdir = tmp_path / "evo"
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
-  proc = subprocess.run(
-      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
-       "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
-       "--gin_bindings=evolve.generations = 1", "--gin_bindings=evolve.branches = 1",
-       "--gin_bindings=evolve.branch_steps = 2",
-       f"--gin_bindings=make_tokenizer.cache_dir = '{tmp_path}/tok'",
-       f"--gin_bindings=warm_start.cache_dir = '{tmp_path}/ws'"],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+  def evolve(generations):  # 1 branch of 2 steps per generation, tiny budgets
+    proc = subprocess.run(
+        [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
+         "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
+         f"--gin_bindings=evolve.generations = {generations}",
+         "--gin_bindings=evolve.branches = 1", "--gin_bindings=evolve.branch_steps = 2",
+         f"--gin_bindings=make_tokenizer.cache_dir = '{tmp_path}/tok'",
+         f"--gin_bindings=warm_start.cache_dir = '{tmp_path}/ws'"],
+        cwd=REPO, env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+        capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+  evolve(1)
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["mode"] == "evolve" and summary["incumbent"] in ("v0", "v1.0")
   versions = {v["id"]: v for v in summary["versions"]}
@@ -162,15 +166,7 @@ def test_evolve_mode_end_to_end(tmp_path):
   data = bytearray(victim.read_bytes())
   data[len(data) // 2] ^= 0x10
   victim.write_bytes(bytes(data))
-  proc = subprocess.run(
-      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
-       "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
-       "--gin_bindings=evolve.generations = 2", "--gin_bindings=evolve.branches = 1",
-       "--gin_bindings=evolve.branch_steps = 2",
-       f"--gin_bindings=make_tokenizer.cache_dir = '{tmp_path}/tok'",
-       f"--gin_bindings=warm_start.cache_dir = '{tmp_path}/ws'"],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  evolve(2)
   after = records()
   assert after[:len(before)] == before
   (v2,) = [r for r in after if r[0] == "v2.0"]
