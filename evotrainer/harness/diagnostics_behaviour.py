@@ -103,7 +103,7 @@ class AnswerSpammingRate(ThresholdDiagnostic):
     return self.report({"answer_spamming": value, "candidates_mean": float(counts.mean())},
                        value, f"{value:.3f} of completions mark several answers",
                        lambda: evidence_of(episodes, order,
-                                   lambda e: f"{count_candidates(e.completion)} answers"))
+                                           lambda e: f"{count_candidates(e.completion)} answers"))
 
 
 @gin.configurable(module="harness")

@@ -53,7 +53,7 @@ class EntropyCollapse(ThresholdDiagnostic):
     return self.report(metrics, ent,
                        lambda: f"entropy {ent:.4f} < {self.threshold}: exploration collapses",
                        lambda: evidence_of(with_lp, order,
-                                   lambda e: f"mean logprob {np.mean(e.logprobs):.3f}"))
+                                           lambda e: f"mean logprob {np.mean(e.logprobs):.3f}"))
 
 
 def _largest_advantage(episodes: Sequence[Episode], context: dict):
@@ -160,7 +160,7 @@ class LengthPercentiles(ThresholdDiagnostic):
                "length_mean": float(lengths.mean()), "length_max": float(lengths.max())}
     return self.report(metrics, float(p90), f"length P90 {p90:.0f} > {self.threshold}",
                        lambda: evidence_of(episodes, np.argsort(-lengths, kind="stable"),
-                                   lambda e: f"len {e.length}", tail=True))
+                                           lambda e: f"len {e.length}", tail=True))
 
 
 @gin.configurable(module="harness")
@@ -204,7 +204,7 @@ class TurnCount(ThresholdDiagnostic):
                "turns_max": float(turns.max())}
     return self.report(metrics, value, f"mean turns {value:.2f} > {self.threshold}",
                        lambda: evidence_of(have, np.argsort(-turns, kind="stable"),
-                                   lambda e: f"{e.info['turns']} turns", tail=True))
+                                           lambda e: f"{e.info['turns']} turns", tail=True))
 
 
 __all__ = ["ClipFraction", "EntropyCollapse", "GradNormSpike", "KLDrift",

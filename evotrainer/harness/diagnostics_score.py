@@ -151,7 +151,7 @@ class DeadGroupRatio(ThresholdDiagnostic):
                        f"{sum(dead)} of {len(groups)} groups are dead (DGR {dgr:.3f} > "
                        f"{self.threshold}): their advantages are zero",
                        lambda: evidence_of(firsts, range(len(firsts)),
-                                   lambda e: f"group {e.group_id}, r {e.reward:.2f}"))
+                                           lambda e: f"group {e.group_id}, r {e.reward:.2f}"))
 
 
 @gin.configurable(module="harness")
@@ -179,7 +179,7 @@ class RewardSpread(ThresholdDiagnostic):
                        value, f"within-group reward std {value:.4f} < {self.threshold}: "
                        f"groups barely rank their rows",
                        lambda: evidence_of(firsts, range(len(firsts)),
-                                   lambda e: f"group {e.group_id}"))
+                                           lambda e: f"group {e.group_id}"))
 
 
 @gin.configurable(module="harness")
