@@ -1,0 +1,344 @@
+"""A cell: one bubblewrap jail holding a pre-started worker that forks per program.
+
+Cell lifecycle: `Cell()` starts `bwrap` (new network, PID, mount, IPC and UTS namespaces;
+`/usr` and the interpreter read-only; a private tmpfs `/tmp`; an empty environment;
+`--die-with-parent`) with the worker (`worker.py`) as its program, and moves it into a
+cgroup when the machine allows. `run` sends one program and waits for its record; a
+worker that does not answer by the run's timeout + `GRACE_S` has the whole cell killed
+(the PID namespace dies with its init, so nothing inside survives) and the next run
+starts a fresh cell. `close` kills and reaps the cell.
+
+Each cell holds a block of host uids, locked machine-wide (`flock` on a file per block),
+so that two cells, even in different processes, never share a uid: a run's uid is what
+its processes are counted (RLIMIT_NPROC) and killed by.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+
+from evotrainer.sandbox import cgroups
+from evotrainer.sandbox.records import CellLimits, Limits, RunResult, Status, status_of
+
+GRACE_S = 3.0            # past a run's timeout, how long the worker may take to answer
+START_TIMEOUT_S = 20.0   # a cell that is not ready by then is an error
+UID_BASE = 1_000_000     # far above any account; uids need no passwd entry
+UID_BLOCK = 64
+UID_BLOCKS = 4096
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+CELL_WORKER = "/opt/sandbox/worker.py"
+LOCK_DIR = os.path.join(tempfile.gettempdir(), "evotrainer-sandbox-uids")
+# Worth importing once in the worker: the forked runs then find them loaded.
+PRELOAD = ("math", "re", "collections", "itertools", "functools", "heapq", "bisect",
+           "string", "typing", "fractions", "decimal", "random", "statistics",
+           "operator", "copy", "hashlib", "json", "traceback", "linecache", "tokenize")
+# The worker is root inside the cell only to set up runs and drop each to its uid.
+WORKER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
+
+log = logging.getLogger(__name__)
+
+
+class SandboxUnavailable(RuntimeError):
+  """The machine cannot build a cell; the message names what is missing."""
+
+
+class SandboxError(RuntimeError):
+  """The sandbox itself failed (not the program): a bad request, a broken worker."""
+
+
+def interpreter() -> tuple[str, str]:
+  """The absolute path of a real Python (never a PATH shim) and its install prefix."""
+  exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+  return exe, sys.base_prefix
+
+
+def _bwrap() -> str:
+  path = shutil.which("bwrap")
+  if path is None:
+    raise SandboxUnavailable(
+        "bubblewrap is not installed (no `bwrap` on PATH): on Debian/Ubuntu run "
+        "`apt-get install bubblewrap`; or pass rlimits_only=True to run without "
+        "namespaces (unsafe for untrusted code)")
+  return path
+
+
+_probe_lock = threading.Lock()
+_probe_result: str | None = None
+
+
+def check_namespaces() -> None:
+  """Raises SandboxUnavailable unless bwrap can create the namespaces a cell needs."""
+  global _probe_result
+  with _probe_lock:
+    if _probe_result is None:
+      cmd = [_bwrap(), "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+             "--die-with-parent", "--ro-bind", "/usr", "/usr", "--proc", "/proc",
+             "--dev", "/dev", *_root_links(), "/usr/bin/true"]
+      try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        _probe_result = "" if done.returncode == 0 else (done.stderr.strip() or
+                                                         f"exit {done.returncode}")
+      except (OSError, subprocess.TimeoutExpired) as e:
+        _probe_result = str(e)
+    if _probe_result:
+      raise SandboxUnavailable(
+          "bubblewrap cannot create network/PID/mount/IPC/UTS namespaces here "
+          f"({_probe_result}); this needs root or unprivileged user namespaces "
+          "(kernel.unprivileged_userns_clone=1); or pass rlimits_only=True to run "
+          "without namespaces (unsafe for untrusted code)")
+
+
+def _root_links() -> list[str]:
+  """/bin, /lib, ... as the host has them: symlinks into /usr, or read-only binds."""
+  args = []
+  for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+    path = "/" + name
+    if os.path.islink(path):
+      args += ["--symlink", os.readlink(path), path]
+    elif os.path.isdir(path):
+      args += ["--ro-bind", path, path]
+  return args
+
+
+class _UidBlock:
+  """A machine-wide lock on UID_BLOCK consecutive uids, held while the cell lives."""
+
+  def __init__(self):
+    os.makedirs(LOCK_DIR, exist_ok=True)
+    for index in range(UID_BLOCKS):
+      fd = os.open(os.path.join(LOCK_DIR, f"{index}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        os.close(fd)
+        continue
+      self.fd, self.index = fd, index
+      self.base = UID_BASE + index * UID_BLOCK
+      return
+    raise SandboxError(f"all {UID_BLOCKS} uid blocks in {LOCK_DIR} are in use")
+
+  def release(self) -> None:
+    os.close(self.fd)
+
+
+class Cell:
+  """A sandbox cell; runs programs one at a time (thread-safe, serialized).
+
+  Args:
+    cell_limits: limits of the whole cell (tmpfs size, cgroup memory and pids).
+    rlimits_only: run without namespaces (no bwrap) when they are unavailable; every run
+      then logs a warning and its record has `isolated=False`. Unsafe for hostile code.
+  """
+
+  def __init__(self, cell_limits: CellLimits = CellLimits(), *, rlimits_only: bool = False):
+    self.cell_limits = cell_limits
+    self.rlimits_only = rlimits_only
+    if not rlimits_only:
+      check_namespaces()
+    self._lock = threading.Lock()
+    self._proc: subprocess.Popen | None = None
+    self._uids: _UidBlock | None = None
+    self._cgroup: cgroups.CellCgroup | None = None
+    self._host_root: str | None = None
+    self.info: dict = {}
+    self.starts = 0
+
+  # ---- life cycle ----------------------------------------------------------------------
+
+  def _start(self) -> None:
+    self._uids = _UidBlock()
+    drop_uid = os.geteuid() == 0
+    exe, prefix = interpreter()
+    config = {"uid_base": self._uids.base, "uid_count": UID_BLOCK, "drop_uid": drop_uid,
+              "root": "/tmp", "preload": PRELOAD}
+    if self.rlimits_only:
+      self._host_root = tempfile.mkdtemp(prefix="evotrainer-cell-")
+      os.chmod(self._host_root, 0o755)
+      config["root"] = self._host_root
+      cmd = [exe, "-I", "-S", "-B", WORKER, json.dumps(config)]
+      env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+      cwd = self._host_root
+    else:
+      cmd = self._bwrap_command(exe, prefix, config)
+      env, cwd = {}, "/"
+    self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=env, cwd=cwd,
+                                  start_new_session=True)
+    self.starts += 1
+    try:
+      ready = self._receive(time.monotonic() + START_TIMEOUT_S)
+    except (TimeoutError, SandboxError) as e:
+      err = self._kill()
+      raise SandboxError(f"the cell did not start: {e}; worker stderr: {err}") from None
+    self._cgroup = cgroups.CellCgroup.create(
+        f"{os.getpid()}-{self._uids.index}", self.cell_limits.memory_mb << 20,
+        self.cell_limits.pids)
+    if self._cgroup is not None:
+      self._cgroup.add(_tree(self._proc.pid))
+    self.info = {"isolated": not self.rlimits_only, "python": ready.get("python"),
+                 "interpreter": exe, "uid_drop": drop_uid,
+                 "cgroups": self._cgroup.controllers if self._cgroup else []}
+
+  def _bwrap_command(self, exe: str, prefix: str, config: dict) -> list[str]:
+    cmd = [_bwrap(), "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+           "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+           "--hostname", "sandbox", "--ro-bind", "/usr", "/usr", *_root_links()]
+    if not (prefix + "/").startswith("/usr/"):
+      cmd += ["--ro-bind", prefix, prefix]
+    cmd += ["--ro-bind", WORKER, CELL_WORKER, "--proc", "/proc", "--dev", "/dev",
+            "--size", str(self.cell_limits.tmp_mb << 20), "--tmpfs", "/tmp",
+            "--size", str(16 << 20), "--tmpfs", "/dev/shm",
+            "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
+            "--setenv", "LANG", "C.UTF-8"]
+    if os.geteuid() == 0:
+      cmd += ["--cap-drop", "ALL"]
+      for cap in WORKER_CAPS:
+        cmd += ["--cap-add", cap]
+    return cmd + [exe, "-I", "-S", "-B", CELL_WORKER, json.dumps(config)]
+
+  def _kill(self) -> str:
+    """Kills the cell (the PID namespace dies with it), reaps it; returns its stderr."""
+    err = ""
+    proc, self._proc = self._proc, None
+    if proc is not None:
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+      proc.kill()
+      proc.wait()
+      if proc.stderr is not None:
+        os.set_blocking(proc.stderr.fileno(), False)
+        try:
+          err = (proc.stderr.read() or b"").decode(errors="replace")[-2000:]
+        except (BlockingIOError, TypeError):
+          pass
+      for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+          stream.close()
+    if self._cgroup is not None:
+      self._cgroup.close()
+      self._cgroup = None
+    if self._host_root is not None:
+      shutil.rmtree(self._host_root, ignore_errors=True)
+      self._host_root = None
+    if self._uids is not None:
+      self._uids.release()
+      self._uids = None
+    return err
+
+  def close(self) -> None:
+    with self._lock:
+      self._kill()
+
+  def __enter__(self) -> Cell:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def __del__(self):
+    try:
+      self._kill()
+    except Exception:
+      pass
+
+  # ---- runs ----------------------------------------------------------------------------
+
+  def run(self, source: str, *, stdin: str = "", argv: tuple[str, ...] | list[str] = (),
+          files: dict[str, str] | None = None, timeout_s: float = 10.0,
+          limits: Limits = Limits()) -> RunResult:
+    """Runs one Python program in this cell; see `evotrainer.sandbox.run_python`."""
+    if timeout_s <= 0:
+      raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    rlimits = limits.as_request(timeout_s)
+    request = {"source": source, "stdin": stdin, "argv": [str(a) for a in argv],
+               "files": dict(files or {}), "timeout_s": float(timeout_s),
+               "limits": rlimits}
+    with self._lock:
+      if self.rlimits_only:
+        warnings.warn("sandbox: running WITHOUT namespaces (rlimits only): the program "
+                      "can see the network, the host's processes and files",
+                      RuntimeWarning, stacklevel=2)
+        log.warning("sandbox run without namespaces (rlimits only)")
+      if self._proc is None:
+        self._start()
+      failures = self._cgroup.memory_failures() if self._cgroup else 0
+      start = time.monotonic()
+      try:
+        self._send(request)
+        raw = self._receive(start + timeout_s + GRACE_S)
+      except (TimeoutError, SandboxError, BrokenPipeError) as e:
+        # The worker is hung or dead: the cell goes, with everything in it.
+        err = self._kill()
+        log.warning("sandbox: cell killed (%s) %s", e, err)
+        wall = time.monotonic() - start
+        status = Status.TIMEOUT if wall >= timeout_s else Status.KILLED
+        return RunResult(status, None, "", "", False, False, wall, 0.0,
+                         isolated=not self.rlimits_only)
+      if "error" in raw:
+        raise SandboxError(raw["error"])
+      status, code = status_of(raw, rlimits["cpu_s"])
+      if (status is Status.KILLED and self._cgroup is not None and
+          self._cgroup.memory_failures() > failures):
+        status = Status.MEMORY
+    return RunResult(status, code, raw["stdout"], raw["stderr"], raw["stdout_truncated"],
+                     raw["stderr_truncated"], raw["wall_s"], raw["cpu_s"],
+                     raw["max_rss_kb"] / 1024, isolated=not self.rlimits_only)
+
+  def _send(self, payload: dict) -> None:
+    data = json.dumps(payload).encode()
+    self._proc.stdin.write(struct.pack(">I", len(data)) + data)
+    self._proc.stdin.flush()
+
+  def _receive(self, deadline: float) -> dict:
+    fd = self._proc.stdout.fileno()
+    header = _read_exact(fd, 4, deadline)
+    (size,) = struct.unpack(">I", header)
+    return json.loads(_read_exact(fd, size, deadline))
+
+
+def _read_exact(fd: int, size: int, deadline: float) -> bytes:
+  chunks, got = [], 0
+  while got < size:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+      raise TimeoutError("no answer from the cell's worker in time")
+    chunk = os.read(fd, size - got)
+    if not chunk:
+      raise SandboxError("the cell's worker exited")
+    chunks.append(chunk)
+    got += len(chunk)
+  return b"".join(chunks)
+
+
+def _tree(root: int) -> list[int]:
+  """`root` and its descendants on the host (bwrap, the cell's init, the worker)."""
+  children: dict[int, list[int]] = {}
+  for name in os.listdir("/proc"):
+    if name.isdigit():
+      try:
+        with open(f"/proc/{name}/stat") as f:
+          ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+      except (OSError, ValueError, IndexError):
+        continue
+      children.setdefault(ppid, []).append(int(name))
+  found, todo = [], [root]
+  while todo:
+    pid = todo.pop()
+    found.append(pid)
+    todo += children.get(pid, [])
+  return found
