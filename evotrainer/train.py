@@ -75,8 +75,9 @@ class Generation:
           prompt=task.format_prompt(p), completion=self.texts[i], answer=p.answer,
           reward_parts=dict(self.scores[i]), version=version, step=step, split=split,
           completion_ids=self.tokens[i, :n].copy(), logprobs=self.logprobs[i, :n].copy(),
-          truncated=bool(self.truncated[i]), info={"stop": "max_tokens" if self.truncated[i]
-                                                   else "stop_token"}))
+          truncated=bool(self.truncated[i]),
+          info={"stop": "malformed" if self.scores[i].get("malformed") else  # refused unread
+                "max_tokens" if self.truncated[i] else "stop_token"}))
     return out
 
 
@@ -271,7 +272,8 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
           eval_config: Optional[EvalConfig] = None, checkpoint_every: int = 25,
           max_to_keep: int = 2, store_rollouts: bool = True,
           time_limit_s: Optional[float] = None, parent_checkpoints: Optional[str] = None,
-          learner_factory: Callable[..., Learner] = Learner, progress: bool = True) -> dict:
+          learner_factory: Callable[..., Learner] = Learner, progress: bool = True,
+          recompute_old_logprobs: bool = True) -> dict:
   """Trains `model` with GRPO-family updates on `task`; resumes from `workdir` if possible.
 
   Args:
@@ -301,6 +303,13 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
       zero moments jolts a trained policy), with the step counter reset.
     learner_factory: builds the Learner (gin: `Learner.*` knobs).
     progress: show a progress bar.
+    recompute_old_logprobs: the PPO ratio's denominator is recomputed by the learner's
+      teacher-forced pass (the same program as the update's numerator) instead of the
+      sampler's KV-cache decode, so a numeric mismatch between the two (bf16, fused
+      kernels) never reads as policy change; the mismatch is logged as
+      `learner/sampler_logprob_gap` (max |difference| over trained tokens). Costs one
+      forward pass per batch. With `Learner.kl_coef > 0` reference log-probs under the
+      segment's starting parameters are computed for every batch as well.
 
   Returns:
     {'steps', 'wall_s', 'initial', 'final', 'history', 'state', 'harness_share'}: held-out
@@ -358,7 +367,10 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
     writer.write(0, {f"eval/{k}": v for k, v in initial.items()})
     print(f"[train] initial held-out: {_fmt(initial)}", flush=True)
 
-  hp = learner.hparams()
+  # The learner's log-probs are those of the distribution the sampler drew from.
+  hp = learner.hparams(temperature=1.0 if sampling.greedy else sampling.temperature)
+  # The KL term's frozen reference: the policy this segment started from.
+  ref_params = (jax.tree.map(jnp.copy, state.params) if learner.kl_coef > 0 else None)
   base_key = jax.random.key(seed)
   bar = tqdm.tqdm(total=steps, initial=step0, desc="RL", disable=not progress,
                   dynamic_ncols=True)
@@ -403,10 +415,14 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
         advantages=out.advantages[rows].astype(np.float32), old_logprobs=gen.logprobs[rows],
         completion_lengths=gen.lengths[rows])
     t_harness += time.time() - t0
-    # 5. learner update(s).
+    # 5. behaviour and reference log-probs, then the learner update(s).
+    batch, gap = _behaviour_logprobs(learner, state, batch, hp, ref_params,
+                                     recompute_old_logprobs)
     for _ in range(updates_per_batch):
       state, lm = learner.step(state, batch, hp)
     lm = {k: float(v) for k, v in jax.device_get(lm).items()}
+    if gap is not None:
+      lm["sampler_logprob_gap"] = gap
     step += 1
     # 6. diagnostics and the rollout store, on the background thread.
     t0 = time.time()
@@ -453,6 +469,23 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
   return {"steps": step, "wall_s": round(time.time() - start, 2), "initial": initial,
           "final": final, "history": history, "state": state,
           "harness_share": round(harness_s / total_s, 4) if total_s else None}
+
+
+def _behaviour_logprobs(learner: Learner, state: TrainState, batch: TrainBatch, hp,
+                        ref_params, recompute: bool) -> tuple[TrainBatch, Optional[float]]:
+  """The batch with learner-computed old (and reference) log-probs at the sampling
+  temperature, and the largest |sampler - learner| log-prob gap over trained tokens."""
+  gap = None
+  if recompute:
+    old = learner.reference_logprobs(state.params, batch, hp.temperature)  # [B, N]
+    mask = np.asarray(batch.loss_mask, bool)
+    diff = np.abs(np.asarray(old) - np.asarray(batch.old_logprobs))
+    gap = float(diff[mask].max()) if mask.any() else 0.0
+    batch = dataclasses.replace(batch, old_logprobs=old)
+  if ref_params is not None:
+    batch = dataclasses.replace(
+        batch, ref_logprobs=learner.reference_logprobs(ref_params, batch, hp.temperature))
+  return batch, gap
 
 
 def _bookkeeping(workdir: str, writer: MetricWriter, store: Optional[RolloutStore],

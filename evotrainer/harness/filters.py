@@ -1,9 +1,10 @@
 """Filters: trajectory sentinels, group filters, and the dynamic-sampling backfill policy.
 
 Trajectory sentinels (`TrajectoryFilter`: episodes -> FilterResult) cut single episodes
-that should not train the policy: truncated ones (hard / soft rules), echo-trap loops, and
-for multi-turn episodes abandoned or idle ones (METHOD.md's stop-reason taxonomy). A cut
-row is masked out of its group's statistics and gets advantage 0.
+that should not train the policy: truncated ones (hard / soft rules), echo-trap loops,
+malformed ones (or any other recorded stop reason), and for multi-turn episodes abandoned
+or idle ones (METHOD.md's stop-reason taxonomy). A cut row is masked out of its group's
+statistics and gets advantage 0.
 
 Group filters (`GroupFilter`: groups -> [num_groups] bool) judge GRPO groups by their
 composed rewards (`episode.reward`, set by the composer). The pipeline hands them each
@@ -110,9 +111,10 @@ def find_loop(units: np.ndarray, n: int, max_repeats: int,
   """The shortest echo-trap loop in `units` [L], or None.
 
   A loop is a block of `p` units, `n <= p <= max_period`, repeated back to back at least
-  `max_repeats` times. Vectorized over periods: `eq[p, j] = units[j] == units[j - p]`; a
-  run of R consecutive True ending at j means units[j - R - p + 1 .. j] has period p, i.e.
-  (R + p) / p copies of the block, so a loop needs R >= (max_repeats - 1) * p.
+  `max_repeats` times. Per period, vectorized over positions: `eq[j] = units[j] ==
+  units[j - p]`; a run of R consecutive True ending at j means units[j - R - p + 1 .. j]
+  has period p, i.e. (R + p) / p copies of the block, so a loop needs
+  R >= (max_repeats - 1) * p. Cost O(L * max_period) time, O(L) memory.
 
   Returns:
     (period, repeats, start) of the loop with the shortest period, or None.
@@ -126,22 +128,16 @@ def find_loop(units: np.ndarray, n: int, max_repeats: int,
   counts = collections.Counter(zip(*(seq[i:] for i in range(n))))
   if max(counts.values()) < max_repeats:
     return None
-  periods = np.arange(n, hi + 1)  # [P]
-  idx = np.arange(length)  # [L]
-  back = idx[None, :] - periods[:, None]  # [P, L]
-  eq = (back >= 0) & (units[np.maximum(back, 0)] == units[None, :])  # [P, L]
-  last_miss = np.maximum.accumulate(np.where(eq, -1, idx[None, :]), axis=1)  # [P, L]
-  run = idx[None, :] - last_miss  # [P, L] consecutive matches ending at j
-  need = (max_repeats - 1) * periods  # [P]
-  hit = run >= need[:, None]
-  rows = np.flatnonzero(hit.any(axis=1))
-  if rows.size == 0:
-    return None
-  r = rows[0]
-  p = int(periods[r])
-  end = int(np.argmax(run[r]))
-  longest = int(run[r, end])
-  return p, (longest + p) // p, end - longest - p + 1
+  # One period at a time (shortest first), so memory stays O(L) for any text.
+  for p in range(n, hi + 1):
+    eq = units[p:] == units[:-p]  # [L - p]: units[j] == units[j - p], j = k + p
+    k = np.arange(eq.size)
+    run = k - np.maximum.accumulate(np.where(eq, -1, k))  # consecutive matches ending at k
+    if run.max() >= (max_repeats - 1) * p:
+      end = int(np.argmax(run))
+      longest = int(run[end])
+      return p, (longest + p) // p, end - longest + 1  # start = (end + p) - longest - p + 1
+  return None
 
 
 @gin.configurable(module="harness")
@@ -299,6 +295,35 @@ class IdleFilter:
     return FilterResult(keep=keep, reasons=tuple(reasons))
 
 
+@gin.configurable(module="harness")
+class StopReasonFilter:
+  """Cuts episodes whose stop reason (`episode.info['stop']`) is one of `stops`.
+
+  The trainer records why each completion ended (train.py, `Generation.episodes`):
+  'stop_token', 'max_tokens', or 'malformed' when the task refused to read it (a text or
+  answer too long, an answer nested too deep: the task's `malformed` part, see
+  `MathTask.score_many`). By default malformed completions are cut, so they train
+  nothing instead of counting as ordinary wrong answers. Episodes without a stop reason
+  are kept.
+
+  Args:
+    stops: the stop reasons to cut.
+    name: the filter's name.
+  """
+
+  def __init__(self, stops: Sequence[str] = ("malformed",), name: str = "stop_reason"):
+    if isinstance(stops, str) or not stops:
+      raise ValueError(f"StopReasonFilter.stops must be a non-empty list of stop reasons, "
+                       f"got {stops!r}")
+    self.stops, self.name = tuple(stops), name
+
+  def __call__(self, episodes: Sequence[Episode]) -> FilterResult:
+    stops = [(ep.info or {}).get("stop") for ep in episodes]
+    keep = np.array([s not in self.stops for s in stops], bool)
+    reasons = tuple(None if k else f"{self.name}: stopped {s!r}" for k, s in zip(keep, stops))
+    return FilterResult(keep=keep, reasons=reasons)
+
+
 # ---------------------------------------------------------------------------------------
 # Group filters.
 
@@ -309,9 +334,22 @@ def group_stds(groups: Sequence[Sequence[Episode]]) -> np.ndarray:
                   np.float64)
 
 
+# Rewards within this (relative) distance count as equal: a composed reward such as
+# 0.1 * 3 vs 0.3 differs in the last bit, which is no signal.
+DEAD_TOL = 1e-6
+
+
 def dead_groups(groups: Sequence[Sequence[Episode]]) -> np.ndarray:
-  """[G] bool: groups that carry no relative signal (all rewards equal, or < 2 rows)."""
-  return np.array([len(g) < 2 or len({e.reward for e in g}) == 1 for g in groups], bool)
+  """[G] bool: groups that carry no relative signal (all rewards equal within
+  `DEAD_TOL` relative to their magnitude, or < 2 rows)."""
+
+  def dead(g) -> bool:
+    if len(g) < 2:
+      return True
+    r = np.array([e.reward for e in g], np.float64)
+    return bool(np.ptp(r) <= DEAD_TOL * max(1.0, float(np.abs(r).max())))
+
+  return np.array([dead(g) for g in groups], bool)
 
 
 @gin.configurable(module="harness")

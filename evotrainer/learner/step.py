@@ -43,7 +43,7 @@ Metrics = Dict[str, Float[Array, ""]]
 
 def completion_logprobs(
     model: Transformer, batch: TrainBatch, *, vocab_limit: Optional[int] = None,
-    with_entropy: bool = False,
+    with_entropy: bool = False, temperature: Optional[Float[Array, ""]] = None,
 ) -> Tuple[Float[Array, "B N"], Optional[Float[Array, "B N"]]]:
   """Log-probs (and entropies) of the completion tokens under `model`, teacher-forced.
 
@@ -63,10 +63,13 @@ def completion_logprobs(
     vocab_limit: ids >= this get probability 0, as in `Sampler(vocab_limit=...)`, so the
       log-probs are normalized over the same vocabulary as the sampler's.
     with_entropy: also return the entropy of each predicted distribution.
+    temperature: the sampling temperature T (a traced scalar; None = 1): the log-probs
+      are those of softmax(logits / T), the distribution the sampler drew from, so the
+      PPO ratio of the first on-policy update is exactly 1 at any temperature.
 
   Returns:
     `logprobs` `[B, N]` float32 (0 after the end) and `entropy` `[B, N]` float32
-    (0 after the end) or None. Equal to the sampler's log-probs at temperature 1.
+    (0 after the end) or None. Equal to the sampler's log-probs at the same temperature.
   """
   prompt = jnp.asarray(batch.prompt_tokens, jnp.int32)  # [B, P]
   completion = jnp.asarray(batch.completion_tokens, jnp.int32)  # [B, N]
@@ -85,6 +88,9 @@ def completion_logprobs(
   # The last layer runs its queries only on the N slots that predict completion tokens.
   hidden, _ = model(tokens, positions, mask, query_slice=(p - 1, p + n - 1))  # [B, N, E]
   logits = model.logits(hidden)  # [B, N, V] float32
+  if temperature is not None:
+    # Scaled before the vocabulary mask: the mask value divided by T < 1 would be -inf.
+    logits = logits / jnp.asarray(temperature, logits.dtype)
   v = logits.shape[-1]
   vocab = jnp.arange(v, dtype=jnp.int32)
   if vocab_limit is not None and vocab_limit < v:
@@ -115,10 +121,12 @@ class TrainState:
 
 
 class StepHParams(NamedTuple):
-  """The traced knobs of one step: the loss's and a multiplier on the learning rate."""
+  """The traced knobs of one step: the loss's, a multiplier on the learning rate and the
+  temperature the batch was sampled at."""
 
   loss: LossHParams
   lr_scale: Float[Array, ""]  # multiplies the scheduled learning rate; 0 freezes params
+  temperature: Float[Array, ""]  # the sampling temperature: log-probs of softmax(z / T)
 
 
 def _split_micro(x: jax.Array, num_micro: int) -> jax.Array:
@@ -316,16 +324,27 @@ class Learner:
     """The traced knobs: constructor defaults, `overrides` applied (plus `lr_scale`).
 
     Keys: the fields of `LossHParams.create` (names allowed for `agg_mode` and
-    `kl_kind`) and `lr_scale` (default 1.0).
+    `kl_kind`), `lr_scale` (default 1.0) and `temperature` (the sampling temperature of
+    the batches, default 1.0; the learner's log-probs are those of softmax(logits / T)).
     """
     lr_scale = overrides.pop("lr_scale", 1.0)
+    temperature = overrides.pop("temperature", 1.0)
+    if not temperature > 0:
+      raise ValueError(f"Learner.hparams: temperature must be > 0, got {temperature}")
     known = set(LossHParams._fields)
     unknown = set(overrides) - known
     if unknown:
       raise ValueError(f"Learner.hparams: unknown {sorted(unknown)}; expected some of "
-                       f"{sorted(known | {'lr_scale'})}")
+                       f"{sorted(known | {'lr_scale', 'temperature'})}")
     loss_hp = LossHParams.create(**{**self._default_hparams, **overrides})
-    return StepHParams(loss=loss_hp, lr_scale=jnp.asarray(lr_scale, jnp.float32))
+    return StepHParams(loss=loss_hp, lr_scale=jnp.asarray(lr_scale, jnp.float32),
+                       temperature=jnp.asarray(temperature, jnp.float32))
+
+  @property
+  def kl_coef(self) -> float:
+    """The constructor's KL coefficient: a run whose value is > 0 computes reference
+    log-probs for every batch (`reference_logprobs`)."""
+    return float(self._default_hparams["kl_coef"])
 
   def compiled_programs(self) -> int:
     """Number of train-step programs compiled so far (for tests and logging)."""
@@ -353,12 +372,15 @@ class Learner:
     self._num_micro(batch.batch_size)  # a clear error before tracing
     return self._run(self._step_fn, state, batch, hparams)
 
-  def reference_logprobs(self, ref_params: nnx.State, batch: TrainBatch) -> Float[Array, "B N"]:
+  def reference_logprobs(self, ref_params: nnx.State, batch: TrainBatch,
+                         temperature: float = 1.0) -> Float[Array, "B N"]:
     """`[B, N]` log-probs of the completions under `ref_params` (frozen reference, or
-    any parameters of this model), micro-batched like the step. 0 after the end."""
+    any parameters of this model, e.g. the current ones for the behaviour log-probs of
+    a batch) at `temperature`, micro-batched like the step. 0 after the end."""
     if self.mesh is not None:
       ref_params = jax.device_put(ref_params, self.param_shardings)
-    return self._run(self._logprobs_fn, ref_params, self._place(batch))
+    return self._run(self._logprobs_fn, ref_params, self._place(batch),
+                     jnp.asarray(temperature, jnp.float32))
 
   # ---- traced code ------------------------------------------------------------------
 
@@ -384,13 +406,15 @@ class Learner:
                        f"Learner.micro_batch_size={self.micro_batch_size}")
     return b // mb
 
-  def _logprobs(self, params: nnx.State, batch: TrainBatch) -> jax.Array:
+  def _logprobs(self, params: nnx.State, batch: TrainBatch,
+                temperature: jax.Array) -> jax.Array:
     with self._rules():
       model = nnx.merge(self.graphdef, params)
       m = self._num_micro(batch.batch_size)
       micro = jax.tree.map(lambda x: _split_micro(x, m), batch)
       logp = jax.lax.map(
-          lambda mb: completion_logprobs(model, mb, vocab_limit=self.vocab_limit)[0], micro)
+          lambda mb: completion_logprobs(model, mb, vocab_limit=self.vocab_limit,
+                                         temperature=temperature)[0], micro)
       return _merge_micro(logp)  # [B, N]
 
   def _step(self, state: TrainState, batch: TrainBatch,
@@ -405,7 +429,8 @@ class Learner:
       def loss_fn(params, mb: TrainBatch):
         model = nnx.merge(self.graphdef, params)
         logp, ent = completion_logprobs(model, mb, vocab_limit=self.vocab_limit,
-                                        with_entropy=self.compute_entropy)
+                                        with_entropy=self.compute_entropy,
+                                        temperature=hparams.temperature)
         return losses.total_loss(
             logp, mb.old_logprobs, mb.advantages, mb.loss_mask, hparams.loss,
             ref_logprobs=mb.ref_logprobs, entropy=ent, norm_length=self.norm_length,

@@ -154,6 +154,16 @@ def test_drop_zero_variance_groups():
                                 [False, False, True])
 
 
+def test_zero_variance_is_judged_with_a_tolerance():
+  # 0.1 * 3 != 0.3 in floating point: composed rewards that differ in the last bit are
+  # no signal; a real difference of 1e-3 is.
+  a, b = 0.1 * 3, 0.3
+  assert a != b
+  keep = F.DropZeroVarianceGroups()(_groups([[a, b, b, a], [100 * a, 100 * b, 30, 30],
+                                             [0.3, 0.301, 0.3, 0.3]]))
+  np.testing.assert_array_equal(keep, [False, False, True])
+
+
 def test_std_group_filter_threshold_and_ema_by_hand():
   f = F.StdGroupFilter(top_p=0.5, ema=0.5)
   # Step 1 stds [0, .5, .25, 1]: the 0.5 quantile of [0, .25, .5, 1] is .375 = threshold.

@@ -148,6 +148,60 @@ def test_completion_logprobs_equal_unpadded_forward(model):
     assert np.all(np.asarray(logp[i, len(completion):]) == 0)
 
 
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_sampler_at_temperature_and_learner_agree_and_ratio_is_one(model, params, learner,
+                                                                    temperature):
+  """Samples drawn at T != 1: the learner's log-probs at T equal the sampler's, so the
+  first on-policy update has ratio 1 and clips nothing; at T = 1 (the learner's old
+  behaviour) the ratio is far from 1."""
+  vocab_limit = 48
+  prompts = [list(np.random.default_rng(i).integers(1, vocab_limit, n))
+             for i, n in enumerate(PROMPT_LENGTHS)]
+  prompt_batch = left_pad(prompts, pad_id=0, buckets=(PLEN,))
+  sampler = Sampler(model, pad_id=0, vocab_limit=vocab_limit, max_stop_ids=8)
+  out = sampler(params, prompt_batch, jax.random.key(5), stop_ids=[1, 2, 3],
+                sampling=SamplingParams(max_new_tokens=N, temperature=temperature))
+  batch = TrainBatch(prompt_tokens=prompt_batch.tokens, prompt_lengths=prompt_batch.lengths,
+                     completion_tokens=out.tokens, loss_mask=out.loss_mask,
+                     advantages=np.linspace(-1, 1, B).astype(np.float32),
+                     old_logprobs=out.logprobs, completion_lengths=out.lengths)
+  lim = Learner(model, vocab_limit=vocab_limit, **LINEAR_ADAM)
+  at_t = np.asarray(lim.reference_logprobs(params, batch, temperature))
+  mask = np.asarray(out.loss_mask)
+  assert np.max(np.abs(at_t - np.asarray(out.logprobs))[mask]) <= 1e-4
+  at_1 = np.asarray(lim.reference_logprobs(params, batch, 1.0))
+  assert np.max(np.abs(at_1 - np.asarray(out.logprobs))[mask]) > 0.05
+
+  _, m = lim.step(lim.init_state(params), batch, lim.hparams(temperature=temperature))
+  m = jax.device_get(m)
+  assert abs(m["ratio_min"] - 1) <= 1e-4 and abs(m["ratio_max"] - 1) <= 1e-4
+  assert m["clip_frac_low"] == 0 and m["clip_frac_high"] == 0
+  _, m1 = lim.step(lim.init_state(params), batch, lim.hparams(temperature=1.0))
+  m1 = jax.device_get(m1)
+  assert max(abs(m1["ratio_min"] - 1), abs(m1["ratio_max"] - 1)) > 0.05
+
+
+def test_kl_term_changes_the_update_when_on(learner, params, current_logprobs):
+  """With reference log-probs off the current ones, kl_coef > 0 moves the parameters
+  differently than kl_coef = 0; with the reference equal to the policy it adds nothing."""
+  batch = token_batch().replace(old_logprobs=current_logprobs)
+  off_ref = train_batch(current_logprobs).ref_logprobs
+  def update(kl_coef, ref):
+    state, m = learner.step(learner.init_state(params), batch.replace(ref_logprobs=ref),
+                            learner.hparams(kl_coef=kl_coef))
+    return state.params, jax.device_get(m)
+  p0, _ = update(0.0, off_ref)
+  p1, m1 = update(0.5, off_ref)
+  assert m1["kl"] > 0 and max_abs_diff(p0, p1) > 1e-6
+  p2, m2 = update(0.5, current_logprobs)
+  assert abs(m2["kl"]) <= 1e-6 and max_abs_diff(p0, p2) <= 1e-5
+
+
+def test_bad_temperature_is_a_clear_error(learner):
+  with pytest.raises(ValueError, match="temperature must be > 0"):
+    learner.hparams(temperature=0.0)
+
+
 # ---- the step -----------------------------------------------------------------------
 
 
