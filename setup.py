@@ -35,7 +35,8 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     # torch is only the reference implementation for parity tests; this exact pin
     # resolves to the CPU wheel.
-    "test": ["torch==2.13.0", "pytest==9.2.0"],
+    # hypothesis: the property-based suites over model text (tests/fuzz_text.py).
+    "test": ["torch==2.13.0", "pytest==9.2.0", "hypothesis==6.155.2"],
 }
 
 

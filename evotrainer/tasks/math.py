@@ -43,7 +43,7 @@ import gin
 from evotrainer.tasks.base import Problem, check_disjoint, normalize_prompt
 from evotrainer.tasks.verify import (METHODS, VerifierPool, answer_tag, boxed_contents,
                                      count_candidates, extract_answer, numbers_in,
-                                     parse_number)
+                                     parse_number, too_long)
 
 __all__ = ["MathTask", "check_disjoint", "load_jsonl", "JsonlFile", "procedural_problem",
            "PROCEDURAL_SOURCES", "HELDOUT_KEYS", "DEFAULT_TEMPLATE"]
@@ -551,8 +551,11 @@ class MathTask:
     Returns, per completion: `correct` (0/1, the extracted answer equals the gold one),
     `format` (0/1, the answer was given in a `format_methods` form), `partial` (numeric
     closeness in [0, 1], 1 when correct, 0 for non-numeric wrong answers), `contains`
-    (1 when the gold number appears anywhere in the completion: gameable, see `_contains`) and
-    `n_candidates` (distinct answers the completion marks; > 1 suggests answer spam).
+    (1 when the gold number appears anywhere in the completion: gameable, see `_contains`),
+    `n_candidates` (distinct answers the completion marks; > 1 suggests answer spam) and
+    `malformed` (1 when the completion or its answer was refused unread as too long or
+    too deeply nested, `verify.too_long` / `verify.malformed`; then `correct` and
+    `partial` are 0). Total: any text gives parts in these ranges and never raises.
     """
     if len(problems) != len(completions):
       raise ValueError(f"score_many: {len(problems)} problems but {len(completions)} "
@@ -563,7 +566,8 @@ class MathTask:
              "format": float(how in self.format_methods),
              "partial": _closeness(p.answer, a, v.correct),
              "contains": _contains(p.answer, c),
-             "n_candidates": float(count_candidates(c))}
+             "n_candidates": float(count_candidates(c)),
+             "malformed": float(too_long(c) or v.reason.startswith("malformed"))}
             for p, c, (a, how), v in zip(problems, completions, found, verdicts)]
 
   def close(self) -> None:

@@ -12,6 +12,13 @@ only). `VerifierPool` therefore runs it in worker processes with its timeouts of
 enforces a per-item wall-clock timeout from the parent: a worker that hangs is killed
 and replaced, one that crashes is replaced, and the item is scored as a failure with a
 reason. Plain numbers never reach a worker: they are compared exactly in-process.
+
+Completions are untrusted input. Every function here takes any string (any length, lone
+surrogates, NUL, unbalanced markup) without raising, and its cost is linear in the text:
+a completion over `MAX_TEXT_CHARS` is not read at all (no answer, no candidates, no
+numbers), and an extracted answer over `MAX_ANSWER_CHARS` characters or nested deeper
+than `MAX_ANSWER_DEPTH` brackets is refused before any parse (`malformed`), so neither
+Python's 4300-digit int conversion limit nor a nested `\\frac` reaches a parser.
 """
 
 from __future__ import annotations
@@ -38,7 +45,18 @@ log = logging.getLogger(__name__)
 # Extraction methods, in the order they are tried.
 METHODS = ("answer_tag", "boxed", "hashes", "last_number")
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
+# Cost bounds on model text, checked before any parse (see the module docstring). A
+# completion of MAX_TEXT_CHARS is ~100k tokens, beyond any sampler budget here; answers
+# are short (MATH golds are under 200 characters), and numbers stay far below 4300 digits.
+MAX_TEXT_CHARS = 400_000
+MAX_ANSWER_CHARS = 1_000
+MAX_ANSWER_DEPTH = 16
+
+_OPEN_TAG = re.compile(r"<answer>", re.I)
+_CLOSE_TAG = re.compile(r"</answer>", re.I)
+_BRACES = re.compile(r"[{}]")
+_BRACKETS = re.compile(r"[(){}\[\]]")
+_TOKEN = re.compile(r"[^\s$]+")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
 # A number not glued to a preceding word/digit (so "7-3" yields "3", not "-3").
@@ -51,30 +69,55 @@ def answer_tag(answer: str) -> str:
   return f"<answer>{answer}</answer>"
 
 
+def too_long(text: str) -> bool:
+  """Whether a completion is over `MAX_TEXT_CHARS` and so is not read (a cost bound)."""
+  return len(text) > MAX_TEXT_CHARS
+
+
+def _closing_braces(text: str) -> dict[int, int]:
+  """{index of a `{`: index of its matching `}`} for every balanced pair, in one pass."""
+  pairs, opened = {}, []
+  for m in _BRACES.finditer(text):
+    if m.group() == "{":
+      opened.append(m.start())
+    elif opened:
+      pairs[opened.pop()] = m.start()
+  return pairs
+
+
 def boxed_contents(text: str) -> list[str]:
   """Contents of every `\\boxed{...}` / `\\fbox{...}` in order, braces balanced.
 
   `\\boxed 5` (no braces) yields `5`; an unclosed box (a truncated completion) is skipped.
+  Linear in the text: the braces are matched once, not rescanned per box.
   """
-  out = []
+  out, pairs = [], None
   for m in _BOXED.finditer(text):
     i = m.end()
     if i < len(text) and text[i] == "{":
-      depth, j = 0, i
-      while j < len(text):
-        if text[j] == "{":
-          depth += 1
-        elif text[j] == "}":
-          depth -= 1
-          if depth == 0:
-            break
-        j += 1
-      if depth == 0:
-        out.append(text[i + 1:j])
+      pairs = _closing_braces(text) if pairs is None else pairs
+      if i in pairs:
+        out.append(text[i + 1:pairs[i]])
     else:
-      token = re.match(r"[^\s$]+", text[i:])
+      token = _TOKEN.match(text, i)
       if token:
         out.append(token.group(0))
+  return out
+
+
+def _tagged(text: str) -> list[str]:
+  """Contents of every `<answer>...</answer>` (case-insensitive, shortest), in one pass.
+
+  What `re.findall(r"<answer>(.*?)</answer>", text, re.S | re.I)` returns, without its
+  quadratic cost when many tags are left open.
+  """
+  out, pos = [], 0
+  while (opened := _OPEN_TAG.search(text, pos)) is not None:
+    closed = _CLOSE_TAG.search(text, opened.end())
+    if closed is None:  # no closing tag after this one, so none after a later one either
+      break
+    out.append(text[opened.end():closed.start()])
+    pos = closed.end()
   return out
 
 
@@ -93,7 +136,7 @@ def _clean(candidate: str) -> Optional[str]:
 def _marked(text: str, method: str) -> list[str]:
   """All cleaned answers the given marker method finds, in text order."""
   if method == "answer_tag":
-    raw = _ANSWER_TAG.findall(text)
+    raw = _tagged(text)
   elif method == "boxed":
     raw = boxed_contents(text)
   elif method == "hashes":
@@ -115,8 +158,10 @@ def extract_answer(text: str,
 
   Returns:
     `(answer, how)`: the last answer found by the first method that finds any, and that
-    method's name; `(None, "none")` if nothing is found.
+    method's name; `(None, "none")` if nothing is found or the text is `too_long`.
   """
+  if too_long(text):
+    return None, "none"
   for method in methods:
     found = _marked(text, method)
     if found:
@@ -140,7 +185,10 @@ def candidate_answers(text: str) -> list[str]:
 
   A box inside answer tags is one candidate, not two. Unmarked text contributes its last
   number only when nothing is marked (so plain reasoning numbers are not candidates).
+  A `too_long` text has none.
   """
+  if too_long(text):
+    return []
   seen: dict[str, str] = {}
   for method in ("answer_tag", "boxed", "hashes"):
     for c in _marked(text, method):
@@ -153,8 +201,9 @@ def candidate_answers(text: str) -> list[str]:
 
 
 def numbers_in(text: str) -> list[str]:
-  """Every number written in the text, in order (marked as an answer or not)."""
-  return _NUMBER.findall(text)
+  """Every number written in the text, in order (marked as an answer or not); none in a
+  `too_long` text."""
+  return [] if too_long(text) else _NUMBER.findall(text)
 
 
 def count_candidates(text: str) -> int:
@@ -163,8 +212,12 @@ def count_candidates(text: str) -> int:
 
 
 def parse_number(text: Optional[str]) -> Optional[Fraction]:
-  """The exact value of a plain decimal number (`"19"`, `"-0.5"`, `"1,000"`), else None."""
-  if text is None:
+  """The exact value of a plain decimal number (`"19"`, `"-0.5"`, `"1,000"`), else None.
+
+  None as well for a text over `MAX_ANSWER_CHARS` (a cost bound that also keeps Python's
+  4300-digit int conversion limit out of reach).
+  """
+  if text is None or len(text) > MAX_ANSWER_CHARS:
     return None
   s = text.strip().replace(" ", "")
   if not _PLAIN_NUMBER.fullmatch(s):
@@ -180,8 +233,8 @@ class VerifyResult:
   """Whether a predicted answer equals the gold one, and why that verdict.
 
   `reason` is one of "numeric match", "numeric mismatch", "exact match", "match",
-  "mismatch", "no answer", "timeout", or "error: ..." (exception or dead worker), or a
-  reason the verify function returned.
+  "mismatch", "no answer", "timeout", "malformed: ..." (refused unread, see `malformed`),
+  or "error: ..." (exception or dead worker), or a reason the verify function returned.
   """
 
   correct: bool
@@ -206,14 +259,43 @@ def math_verify(gold: str, pred: str) -> tuple[bool, str]:
   return ok, "match" if ok else "mismatch"
 
 
+def nesting_depth(text: str) -> int:
+  """The deepest nesting of brackets `()[]{}` in the text (unbalanced closers ignored)."""
+  depth = deepest = 0
+  for m in _BRACKETS.finditer(text):
+    if m.group() in "([{":
+      depth += 1
+      deepest = max(deepest, depth)
+    elif depth:
+      depth -= 1
+  return deepest
+
+
+def malformed(answer: str) -> Optional[str]:
+  """Why an extracted answer is refused before any parse, or None when it may be read.
+
+  Refused: over `MAX_ANSWER_CHARS` characters, or nested deeper than `MAX_ANSWER_DEPTH`
+  (a `\\frac` inside a `\\frac` ... that would cost math-verify its whole timeout).
+  """
+  if len(answer) > MAX_ANSWER_CHARS:
+    return f"malformed: answer of {len(answer)} characters (> {MAX_ANSWER_CHARS})"
+  depth = nesting_depth(answer)
+  if depth > MAX_ANSWER_DEPTH:
+    return f"malformed: answer nested {depth} deep (> {MAX_ANSWER_DEPTH})"
+  return None
+
+
 def fast_verdict(gold: str, pred: Optional[str]) -> Optional[VerifyResult]:
   """A verdict without math-verify when one is certain, else None.
 
   Plain numbers are compared exactly (`"19"` == `"19.0"`); identical strings (spacing
-  and `$` aside) match.
+  and `$` aside) match; a `malformed` answer is wrong unread.
   """
   if pred is None or not pred.strip():
     return VerifyResult(False, "no answer")
+  refused = malformed(pred)
+  if refused is not None:
+    return VerifyResult(False, refused)
   g, p = parse_number(gold), parse_number(pred)
   if g is not None and p is not None:
     return VerifyResult(g == p, "numeric match" if g == p else "numeric mismatch")
@@ -366,6 +448,13 @@ class VerifierPool:
     with self._lock:
       self.stats.update(r.reason for r in results)
     return results  # type: ignore[return-value]
+
+  @property
+  def live_workers(self) -> int:
+    """Worker processes running now (0 until an item first needs one); a healthy pool
+    that has started keeps exactly `num_workers` between calls."""
+    with self._lock:
+      return sum(w.proc.poll() is None for w in self._workers)
 
   def close(self) -> None:
     """Stops every worker; the pool cannot be used afterwards."""

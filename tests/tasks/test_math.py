@@ -45,7 +45,7 @@ def test_gold_scores_correct_and_gold_plus_one_wrong(source, difficulty, pool):
   assert len(problems) == 12
   gold = task.score_many(problems, [f"<answer>{p.answer}</answer>" for p in problems])
   assert all(g == {"correct": 1.0, "format": 1.0, "partial": 1.0, "contains": 1.0,
-                  "n_candidates": 1.0} for g in gold), gold
+                  "n_candidates": 1.0, "malformed": 0.0} for g in gold), gold
   # The warm-start solution ends in the same format and is graded correct too.
   assert all(s["correct"] == 1.0 and s["format"] == 1.0
              for s in task.score_many(problems, [p.solution for p in problems]))
@@ -282,11 +282,11 @@ def test_score_parts_by_hand(pool):
   p = Problem("t", "7+3=", "10", "<answer>10</answer>", "tiny_arithmetic", 1)
   assert task.score(p, "<answer>12</answer>") == {
       "correct": 0.0, "format": 1.0, "partial": pytest.approx(1 / 1.2), "contains": 0.0,
-      "n_candidates": 1.0}
+      "n_candidates": 1.0, "malformed": 0.0}
   assert task.score(p, "10") == {"correct": 1.0, "format": 0.0, "partial": 1.0,
-                                 "contains": 1.0, "n_candidates": 1.0}
+                                 "contains": 1.0, "n_candidates": 1.0, "malformed": 0.0}
   assert task.score(p, "no idea") == {"correct": 0.0, "format": 0.0, "partial": 0.0,
-                                      "contains": 0.0, "n_candidates": 0.0}
+                                      "contains": 0.0, "n_candidates": 0.0, "malformed": 0.0}
   spam = task.score(p, "<answer>9</answer><answer>11</answer><answer>10</answer>")
   assert spam["correct"] == 1.0 and spam["n_candidates"] == 3.0
   # `contains` pays the gold anywhere: a wrong last answer, 110 and 1.0 do not count.
