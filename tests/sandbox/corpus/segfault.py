@@ -1,0 +1,3 @@
+# Dereferences a null pointer.
+import ctypes
+ctypes.string_at(0)

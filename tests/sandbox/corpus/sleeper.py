@@ -1,0 +1,3 @@
+# Sleeps far past any timeout without using CPU.
+import time
+time.sleep(3600)
