@@ -30,7 +30,7 @@ import threading
 import time
 import warnings
 
-from evotrainer.sandbox import cgroups
+from evotrainer.sandbox import cgroups, seccomp
 from evotrainer.sandbox.records import CellLimits, Limits, RunResult, Status, status_of
 
 GRACE_S = 3.0            # past a run's timeout, how long the worker may take to answer
@@ -174,9 +174,20 @@ class Cell:
     else:
       cmd = self._bwrap_command(exe, prefix, config)
       env, cwd = {}, "/"
-    self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, env=env, cwd=cwd,
-                                  start_new_session=True)
+    filter_fd = None
+    if not self.rlimits_only and (bpf := seccomp.program()) is not None:
+      filter_fd = os.memfd_create("seccomp")
+      os.write(filter_fd, bpf)
+      os.lseek(filter_fd, 0, os.SEEK_SET)
+      cmd[1:1] = ["--seccomp", str(filter_fd)]
+    try:
+      self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env=env, cwd=cwd,
+                                    start_new_session=True,
+                                    pass_fds=() if filter_fd is None else (filter_fd,))
+    finally:
+      if filter_fd is not None:
+        os.close(filter_fd)
     self.starts += 1
     try:
       ready = self._receive(time.monotonic() + START_TIMEOUT_S)
@@ -189,7 +200,7 @@ class Cell:
     if self._cgroup is not None:
       self._cgroup.add(_tree(self._proc.pid))
     self.info = {"isolated": not self.rlimits_only, "python": ready.get("python"),
-                 "interpreter": exe, "uid_drop": drop_uid,
+                 "interpreter": exe, "uid_drop": drop_uid, "seccomp": filter_fd is not None,
                  "cgroups": self._cgroup.controllers if self._cgroup else []}
 
   def _bwrap_command(self, exe: str, prefix: str, config: dict) -> list[str]:

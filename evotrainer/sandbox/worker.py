@@ -159,7 +159,9 @@ class Worker:
                            (resource.RLIMIT_NOFILE, limits["open_files"]),
                            (resource.RLIMIT_NPROC, limits["processes"]),
                            (resource.RLIMIT_CORE, 0)):
-        resource.setrlimit(which, (value, value))
+        # CPU: SIGXCPU at the soft limit, SIGKILL a second later for one that ignores it.
+        hard = value + 1 if which == resource.RLIMIT_CPU else value
+        resource.setrlimit(which, (value, hard))
       if self.drop_uid:
         os.setgroups([])
         os.setresgid(uid, uid, uid)

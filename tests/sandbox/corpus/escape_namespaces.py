@@ -1,5 +1,5 @@
 # Tries to leave the cell's namespaces or gain privileges: setuid(0), setns into
-# /proc/1's namespaces, mount, chroot, ptrace the parent.
+# /proc/1's namespaces, a new user namespace (root in it), mount, chroot, ptrace.
 import ctypes
 import os
 libc = ctypes.CDLL(None, use_errno=True)
@@ -18,6 +18,14 @@ for ns in ("net", "pid", "mnt"):
     report("setns " + ns, libc.setns(fd, 0))
   except OSError as e:
     print("setns", ns, "refused", e.__class__.__name__)
+report("unshare user", libc.unshare(0x10000000))  # CLONE_NEWUSER
+report("unshare user+mount", libc.unshare(0x10000000 | 0x00020000))
+try:
+  import subprocess
+  print("unshare tool", subprocess.run(["unshare", "-Ur", "id"], capture_output=True,
+                                       text=True).stderr.strip() or "OK")
+except OSError as e:
+  print("unshare tool refused", e.__class__.__name__)
 report("sethostname", libc.sethostname(b"x", 1))
 report("mount", libc.mount(b"none", b"/usr", b"tmpfs", 0, None))
 report("ptrace", libc.ptrace(16, os.getppid(), None, None))  # PTRACE_ATTACH
