@@ -27,6 +27,22 @@ def _own_path(controller: str) -> str | None:
   return None
 
 
+def _remove_stale(parent: str) -> None:
+  """Removes the cell cgroups of processes that are gone (killed before `close`)."""
+  try:
+    names = [n for n in os.listdir(parent) if n.startswith("evotrainer-sandbox-")]
+  except OSError:
+    return
+  for name in names:
+    owner = name.split("-")[2]  # evotrainer-sandbox-<pid>-<uid block>
+    if not owner.isdigit() or os.path.exists(f"/proc/{owner}"):
+      continue
+    try:
+      os.rmdir(os.path.join(parent, name))
+    except OSError:
+      pass
+
+
 class CellCgroup:
   """The cgroup directories of one cell; `close` kills what is left and removes them."""
 
@@ -42,7 +58,9 @@ class CellCgroup:
       own = _own_path(controller)
       if own is None:
         continue
-      path = os.path.join(ROOT, controller, own.lstrip("/"), f"evotrainer-sandbox-{name}")
+      parent = os.path.join(ROOT, controller, own.lstrip("/"))
+      path = os.path.join(parent, f"evotrainer-sandbox-{name}")
+      _remove_stale(parent)
       try:
         os.makedirs(path, exist_ok=True)
         for key, value in values.items():

@@ -33,6 +33,12 @@ def _skip_without_namespaces() -> None:
 
 
 @pytest.fixture(scope="session")
+def namespaces():
+  """Skips where this machine cannot build a cell (the refusal itself is tested)."""
+  _skip_without_namespaces()
+
+
+@pytest.fixture(scope="session")
 def planted():
   """A secret in the host's environment, in a world-readable file under /tmp and in a
   file in the home directory; removed afterwards."""

@@ -111,7 +111,7 @@ def test_runs_do_not_see_each_other(cell):
   assert result.stdout.count("run") == 1  # only its own directory
 
 
-def test_hung_worker_kills_the_cell():
+def test_hung_worker_kills_the_cell(namespaces):
   with sandbox.Cell() as cell:
     cell.run("print(1)")
     first = cell._proc.pid
@@ -129,6 +129,12 @@ def _zombie(pid: int) -> bool:
       return f.read().rsplit(")", 1)[1].split()[0] == "Z"
   except FileNotFoundError:
     return True
+
+
+def test_pool_returns_records_in_order(namespaces):
+  with sandbox.CellPool(2) as pool:
+    results = pool.map([{"source": f"print({i})"} for i in range(10)])
+  assert [r.stdout for r in results] == [f"{i}\n" for i in range(10)]
 
 
 def test_refuses_without_namespaces(monkeypatch):

@@ -124,7 +124,7 @@ def _check_specifics(name, result, attack):
     assert " OK" not in out and "uid 0" not in out
 
 
-def test_one_shot_calls_leave_nothing(outside, planted, listener):
+def test_one_shot_calls_leave_nothing(namespaces, outside, planted, listener):
   """Without a shared cell, each call starts and ends its own: nothing survives it."""
   for name in ("daemon", "fork_bomb", "kill_parent"):
     attack = ATTACKS[name]
