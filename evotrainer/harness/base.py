@@ -19,6 +19,7 @@ documents state (e.g. an EMA threshold), which it exposes through `state()` /
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -133,12 +134,32 @@ def groups_of(episodes: Sequence[Episode]) -> list:
   return out
 
 
-def snippet(text: str, width: int = 80) -> str:
-  """A short, one-line excerpt for evidence."""
-  text = " ".join(text.split())
-  return text if len(text) <= width else text[:width - 3] + "..."
+# Control characters (but tab and newlines) and lone surrogates: not storable as UTF-8
+# (surrogates) or not displayable (NUL, ESC, ...), so shown as escapes.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+  """`text` with control characters and lone surrogates written as escapes (`\\x00`,
+  `\\ud800`): valid UTF-8 that stores (sqlite, JSON, Parquet) and renders anywhere."""
+  return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def snippet(text: str, width: int = 80, tail: bool = False) -> str:
+  """A short, one-line, `printable` excerpt for evidence: the head (or the `tail`).
+
+  Whitespace runs become one space; the result has at most `width` characters. The cost
+  does not grow with the text beyond one split: at most `width` words are kept.
+  """
+  words = text.rsplit(None, width)[-width:] if tail else text.split(None, width)[:width]
+  joined = " ".join(words)
+  whole = len(words) < width and len(joined) <= width  # nothing left out yet
+  shown = printable(joined[-width:] if tail else joined[:width])
+  if whole and len(shown) <= width:
+    return shown
+  return "..." + shown[-(width - 3):] if tail else shown[:width - 3] + "..."
 
 
 __all__ = ["Diagnostic", "Episode", "Evidence", "FilterResult", "Finding", "GroupFilter",
            "Report", "RewardPart", "TrajectoryFilter", "Validator", "Verdict", "groups_of", "registrar",
-           "snippet"]
+           "printable", "snippet"]

@@ -12,7 +12,7 @@ Layers and the library names (`DIAGNOSTICS`):
   signal      dead_group_ratio, reward_spread, advantage_health
   behaviour   length_reward_corr, format_failure, answer_spamming, repetition, domain
   model       entropy, kl, clip_fraction, grad_norm
-  efficiency  length, truncation, turns
+  efficiency  length, truncation, turns, stop_reasons
 
 `context` keys read (all optional; a diagnostic whose input is missing reports nothing):
   'heldout':    {name: value} held-out figures, e.g. {'avg8': .4, 'pass8': .7, 'greedy': .5}.
@@ -52,8 +52,8 @@ from evotrainer.harness.diagnostics_behaviour import (AnswerSpammingRate, Domain
                                                       RepetitionRate)
 from evotrainer.harness.diagnostics_model import (ClipFraction, EntropyCollapse,
                                                   GradNormSpike, KLDrift,
-                                                  LengthPercentiles, TruncationRate,
-                                                  TurnCount)
+                                                  LengthPercentiles, StopReasons,
+                                                  TruncationRate, TurnCount)
 from evotrainer.harness.diagnostics_score import (AdvantageHealth, CorrectnessRate,
                                                   DeadGroupRatio, RewardMean, RewardSpread,
                                                   ScoreTrend)
@@ -71,7 +71,7 @@ register = registrar(DIAGNOSTICS, "diagnostic")
 for _cls in (CorrectnessRate, RewardMean, ScoreTrend, DeadGroupRatio, RewardSpread,
              AdvantageHealth, LengthRewardCorrelation, FormatFailureRate,
              AnswerSpammingRate, RepetitionRate, EntropyCollapse, KLDrift, ClipFraction,
-             GradNormSpike, LengthPercentiles, TruncationRate, TurnCount):
+             GradNormSpike, LengthPercentiles, TruncationRate, TurnCount, StopReasons):
   register(_cls)
 DIAGNOSTICS["domain"] = DomainDiagnostic  # needs `fn`; not in `default_diagnostics`
 
@@ -118,6 +118,6 @@ __all__ = ["DIAGNOSTICS", "DIRECTIONS", "AdvantageHealth", "AnswerSpammingRate",
            "ClipFraction", "CorrectnessRate", "DeadGroupRatio", "DomainDiagnostic",
            "EntropyCollapse", "FormatFailureRate", "GradNormSpike", "KLDrift",
            "LengthPercentiles", "LengthRewardCorrelation", "RepetitionRate", "RewardMean",
-           "RewardSpread", "ScoreTrend", "TruncationRate", "TurnCount", "default_diagnostics",
-           "has_loop", "is_dead", "learner_metric", "lengths_of", "pearson", "register",
-           "rewards_of", "run_diagnostics"]
+           "RewardSpread", "ScoreTrend", "StopReasons", "TruncationRate", "TurnCount",
+           "default_diagnostics", "has_loop", "is_dead", "learner_metric", "lengths_of",
+           "pearson", "register", "rewards_of", "run_diagnostics"]

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 
 from evotrainer.harness.base import Report, snippet
+from evotrainer.tasks.verify import MAX_TEXT_CHARS
 from evotrainer.types import Episode, Finding
 
 DIRECTIONS = ("above", "below")
@@ -54,9 +55,10 @@ def is_dead(rewards: np.ndarray, atol: float = EPS) -> bool:
 def has_loop(text: str, n: int = 8, min_repeats: int = 4) -> bool:
   """Whether some word n-gram occurs `min_repeats` times or more (an echo-trap loop).
 
-  Words are whitespace-separated; independent of the tokenizer and of the filters.
+  Words are whitespace-separated; independent of the tokenizer and of the filters. Only
+  the last `MAX_TEXT_CHARS` characters of a longer text are read (a cost bound).
   """
-  words = text.split()
+  words = text[-MAX_TEXT_CHARS:].split()
   counts = collections.Counter(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
   return bool(counts) and max(counts.values()) >= min_repeats
 
@@ -65,12 +67,6 @@ def learner_metric(context: dict, key: str) -> Optional[float]:
   """A learner metric from `context['learner'][key]` or `context['learner/' + key]`."""
   value = (context.get("learner") or {}).get(key, context.get(f"learner/{key}"))
   return None if value is None else float(np.asarray(value))
-
-
-def _tail(text: str, width: int = 80) -> str:
-  """The end of a text as a one-line excerpt (loops and truncations show at the end)."""
-  text = " ".join(text.split())
-  return text if len(text) <= width else "..." + text[-(width - 3):]
 
 
 class ThresholdDiagnostic:
@@ -123,10 +119,12 @@ class ThresholdDiagnostic:
 def evidence_of(episodes: Sequence[Episode], order: Sequence[int], note=None,
                 tail=False):
   """Yields (episode_id, snippet) for episodes[i], i in order; `note(ep)` prefixes the
-  text. Lazy: `finding` takes only the first `max_evidence`."""
+  text, `tail` shows the end (loops and truncations show there). Snippets are short and
+  `printable` whatever the completion. Lazy: `finding` takes only the first
+  `max_evidence`."""
   for i in order:
     ep = episodes[int(i)]
-    text = _tail(ep.completion) if tail else snippet(ep.completion)
+    text = snippet(ep.completion, tail=tail)
     yield ep.episode_id, (f"[{note(ep)}] {text}" if note else text)
 
 

@@ -3,11 +3,14 @@
   model       entropy (EntropyCollapse), kl (KLDrift), clip_fraction (ClipFraction),
               grad_norm (GradNormSpike): the learner's step metrics in `context`
   efficiency  length (LengthPercentiles), truncation (TruncationRate), turns
-              (TurnCount): what the completions cost
+              (TurnCount), stop_reasons (StopReasons): what the completions cost, and
+              why they ended
 """
 
 from __future__ import annotations
 
+import collections
+import re
 from typing import Optional, Sequence
 
 import gin
@@ -207,5 +210,38 @@ class TurnCount(ThresholdDiagnostic):
                                            lambda e: f"{e.info['turns']} turns", tail=True))
 
 
+@gin.configurable(module="harness")
+class StopReasons(ThresholdDiagnostic):
+  """Why completions ended (`info['stop']`, set by train.py): the share of each reason.
+
+  Metrics `stop_<reason>` (non-word characters of the reason as '_') for every reason
+  seen, and always `stop_malformed`: the share the task refused to read (too long, an
+  answer too long or nested too deep; see `filters.StopReasonFilter`). Finding when
+  `stop_malformed` is above threshold; evidence: the malformed completions' ends. Reports
+  nothing when no episode has a stop reason.
+  """
+
+  name, layer = "stop_reasons", "efficiency"
+
+  def __init__(self, threshold: Optional[float] = 0.05, direction: str = "above", **kw):
+    super().__init__(threshold, direction, **kw)
+
+  def __call__(self, episodes: Sequence[Episode], context: dict) -> Report:
+    stops = [(ep.info or {}).get("stop") for ep in episodes]
+    counts = collections.Counter(str(s) for s in stops if s is not None)
+    if not counts:
+      return Report({})
+    metrics = {"stop_malformed": 0.0}
+    for reason, c in sorted(counts.items()):
+      key = "stop_" + re.sub(r"\W", "_", reason)
+      metrics[key] = metrics.get(key, 0.0) + c / len(episodes)
+    value = metrics["stop_malformed"]
+    return self.report(metrics, value,
+                       f"{value:.3f} of completions are malformed (> {self.threshold}): "
+                       f"refused unread as too long or too deeply nested",
+                       lambda: evidence_of(episodes, [i for i, s in enumerate(stops)
+                                                      if s == "malformed"], tail=True))
+
+
 __all__ = ["ClipFraction", "EntropyCollapse", "GradNormSpike", "KLDrift",
-           "LengthPercentiles", "TruncationRate", "TurnCount"]
+           "LengthPercentiles", "StopReasons", "TruncationRate", "TurnCount"]

@@ -48,6 +48,7 @@ import gin
 import numpy as np
 
 from evotrainer.harness.base import FilterResult
+from evotrainer.tasks.verify import MAX_TEXT_CHARS
 from evotrainer.types import Episode
 
 UNITS = ("tokens", "words")
@@ -74,7 +75,8 @@ def _token_lengths(episodes: Sequence[Episode], who: str) -> np.ndarray:
 def completion_units(ep: Episode, unit: str) -> np.ndarray:
   """[L] int ids of the completion's units: its token ids, or its whitespace words.
 
-  Words are numbered in order of first appearance, so equal words get equal ids.
+  Words are numbered in order of first appearance, so equal words get equal ids; only
+  the last `MAX_TEXT_CHARS` characters of a longer completion are read.
   """
   if unit == "tokens":
     if ep.completion_ids is None:
@@ -83,7 +85,8 @@ def completion_units(ep: Episode, unit: str) -> np.ndarray:
     return np.asarray(ep.completion_ids, np.int64).reshape(-1)
   if unit == "words":
     ids: dict = {}
-    return np.array([ids.setdefault(w, len(ids)) for w in ep.completion.split()], np.int64)
+    text = ep.completion[-MAX_TEXT_CHARS:]  # a cost bound on untrusted text: its end
+    return np.array([ids.setdefault(w, len(ids)) for w in text.split()], np.int64)
   raise ValueError(f"unit={unit!r}; expected one of {UNITS}")
 
 

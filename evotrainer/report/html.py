@@ -14,8 +14,9 @@ What it shows, all read from the run directory:
 
 The page opens offline: no scripts, no external CSS or fonts, plots are inline SVG
 polylines drawn here. Every piece of run text (completions in evidence snippets above
-all) is HTML-escaped. The file is written atomically (temp file + os.replace), so a
-reader never sees a half-written report while the run regenerates it.
+all) is HTML-escaped, its control characters and lone surrogates written as escapes. The
+file is written atomically (temp file + os.replace), so a reader never sees a
+half-written report while the run regenerates it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import time
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from evotrainer.evolution.ledger import Ledger, VersionRecord
+from evotrainer.harness.base import printable
 
 REPORT_NAME = "report.html"
 MAX_FILE_FINDINGS = 20  # training-time findings shown per version (the file can be long)
@@ -65,8 +67,10 @@ pre{white-space:pre-wrap;margin:2px 0;padding:2px 4px}
 
 
 def _e(x: Any) -> str:
-  """HTML-escaped text of any value (quotes included: safe inside attributes too)."""
-  return html.escape("" if x is None else str(x), quote=True)
+  """HTML-escaped text of any value (quotes included: safe inside attributes too), with
+  control characters and lone surrogates as visible escapes (`printable`), so a page
+  holding any model text is valid UTF-8."""
+  return html.escape(printable("" if x is None else str(x)), quote=True)
 
 
 def _num(x: Any, digits: int = 4) -> str:

@@ -11,7 +11,11 @@ harness produced, `advantage` (float64; float32 advantages are stored exactly) a
                   per part name.
   info            JSON text (varied and nested). Numpy scalars / arrays are written as
                   numbers / lists; tuples read back as lists, non-string keys as strings.
-                  Anything else is refused at write time, naming the episode.
+                  Anything else is refused at write time, naming the episode. Strings
+                  with lone surrogates round-trip exactly (written as JSON escapes).
+  text columns    any string exactly (NUL, control characters, any length), except lone
+                  surrogates: model text can hold them but UTF-8 cannot, so each is
+                  stored as U+FFFD instead of refusing the step.
   completion_ids  list<int32>; None is stored as null (distinct from an empty array);
                   integer arrays of other dtypes are range-checked and cast.
   logprobs        list<float32> (what the sampler produces; float64 input is rounded).
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -53,6 +58,7 @@ SCHEMA = pa.schema([
     ("kept", pa.bool_()),  # harness output, null when not recorded
 ])
 _STRINGS = ("episode_id", "task_id", "prompt", "completion", "answer", "version", "split")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # not encodable as UTF-8
 _EPISODE_FIELDS = tuple(f.name for f in dataclasses.fields(Episode))
 assert set(_EPISODE_FIELDS) <= set(SCHEMA.names), "every Episode field needs a column"
 
@@ -72,7 +78,10 @@ def to_json(value: Any, what: str) -> str:
   """`value` as JSON text (numpy scalars and arrays as numbers and lists); a TypeError
   naming `what` when it cannot be."""
   try:
-    return json.dumps(value, default=_json_default, ensure_ascii=False)
+    text = json.dumps(value, default=_json_default, ensure_ascii=False)
+    if _SURROGATE.search(text):  # not UTF-8; as \u escapes they read back exactly
+      text = json.dumps(value, default=_json_default)
+    return text
   except (TypeError, ValueError) as e:
     raise TypeError(f"{what} must be JSON-serializable (str keys; numbers, strings, lists, "
                     f"dicts, numpy scalars/arrays): {e}") from None
@@ -81,6 +90,9 @@ def to_json(value: Any, what: str) -> str:
 def _column(episodes: Sequence[Episode], name: str, values: list, typ: pa.DataType) -> pa.Array:
   try:
     return pa.array(values, typ)
+  except UnicodeEncodeError:  # lone surrogates in a text column: stored as U+FFFD
+    return pa.array([_SURROGATE.sub("\ufffd", v) if isinstance(v, str) else v
+                     for v in values], typ)
   except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
     for ep, v in zip(episodes, values):  # find the row to name it
       try:
