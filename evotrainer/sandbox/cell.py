@@ -230,12 +230,14 @@ class Cell:
     err = ""
     proc, self._proc = self._proc, None
     if proc is not None:
-      try:
-        os.killpg(proc.pid, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
-      proc.kill()
+      tree = _tree(proc.pid)
+      for pid in tree:  # bwrap, the cell's init (whose death ends the namespace), worker
+        try:
+          os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
       proc.wait()
+      _wait_gone(tree[1:])
       if proc.stderr is not None:
         os.set_blocking(proc.stderr.fileno(), False)
         try:
@@ -339,6 +341,20 @@ def _read_exact(fd: int, size: int, deadline: float) -> bytes:
     chunks.append(chunk)
     got += len(chunk)
   return b"".join(chunks)
+
+
+def _wait_gone(pids: list[int], limit_s: float = 5.0) -> None:
+  """Returns once none of `pids` runs any more (exited, or a zombie awaiting reaping)."""
+  give_up = time.monotonic() + limit_s
+  for pid in pids:
+    while time.monotonic() < give_up:
+      try:
+        with open(f"/proc/{pid}/stat") as f:
+          if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            break
+      except (FileNotFoundError, ProcessLookupError):
+        break
+      time.sleep(0.002)
 
 
 def _tree(root: int) -> list[int]:
