@@ -84,8 +84,8 @@ def check_namespaces() -> None:
   global _probe_result
   with _probe_lock:
     if _probe_result is None:
-      cmd = [_bwrap(), "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-             "--die-with-parent", "--ro-bind", "/usr", "/usr", "--proc", "/proc",
+      cmd = [_bwrap(), *_user_namespace(), "--unshare-net", "--unshare-pid",
+             "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--ro-bind", "/usr", "/usr", "--proc", "/proc",
              "--dev", "/dev", *_root_links(), "/usr/bin/true"]
       try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
@@ -99,6 +99,12 @@ def check_namespaces() -> None:
           f"({_probe_result}); this needs root or unprivileged user namespaces "
           "(kernel.unprivileged_userns_clone=1); or pass rlimits_only=True to run "
           "without namespaces (unsafe for untrusted code)")
+
+
+def _user_namespace() -> list[str]:
+  # As root the cell needs none (the worker drops each run to a real host uid); a normal
+  # user gets the other namespaces only inside a user namespace of its own.
+  return [] if os.geteuid() == 0 else ["--unshare-user"]
 
 
 def _root_links() -> list[str]:
@@ -159,10 +165,12 @@ class Cell:
   # ---- life cycle ----------------------------------------------------------------------
 
   def _start(self) -> None:
-    self._uids = _UidBlock()
+    # Only root can drop a run to a uid of its own; a normal user's runs keep its uid.
     drop_uid = os.geteuid() == 0
+    self._uids = _UidBlock() if drop_uid else None
+    uid_base = self._uids.base if drop_uid else os.geteuid()
     exe, prefix = interpreter()
-    config = {"uid_base": self._uids.base, "uid_count": UID_BLOCK, "drop_uid": drop_uid,
+    config = {"uid_base": uid_base, "uid_count": UID_BLOCK, "drop_uid": drop_uid,
               "root": "/tmp", "preload": PRELOAD}
     if self.rlimits_only:
       self._host_root = tempfile.mkdtemp(prefix="evotrainer-cell-")
@@ -195,7 +203,8 @@ class Cell:
       err = self._kill()
       raise SandboxError(f"the cell did not start: {e}; worker stderr: {err}") from None
     self._cgroup = cgroups.CellCgroup.create(
-        f"{os.getpid()}-{self._uids.index}", self.cell_limits.memory_mb << 20,
+        f"{os.getpid()}-{self._uids.index if drop_uid else id(self)}",
+        self.cell_limits.memory_mb << 20,
         self.cell_limits.pids)
     if self._cgroup is not None:
       self._cgroup.add(_tree(self._proc.pid))
@@ -204,8 +213,8 @@ class Cell:
                  "cgroups": self._cgroup.controllers if self._cgroup else []}
 
   def _bwrap_command(self, exe: str, prefix: str, config: dict) -> list[str]:
-    cmd = [_bwrap(), "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-           "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+    cmd = [_bwrap(), *_user_namespace(), "--unshare-net", "--unshare-pid",
+           "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
            "--hostname", "sandbox", "--ro-bind", "/usr", "/usr", *_root_links()]
     if not (prefix + "/").startswith("/usr/"):
       # The interpreter stays at its own path (its libpython is found by an rpath); the
