@@ -35,10 +35,7 @@ def _print(msg: str = "") -> None:
 
 
 def _write_summary(workdir: str, summary: dict) -> None:
-  path = pathlib.Path(workdir) / "summary.json"
-  tmp = path.with_suffix(".tmp")
-  tmp.write_text(json.dumps(summary, indent=2) + "\n")
-  os.replace(tmp, path)
+  _write_json(pathlib.Path(workdir) / "summary.json", summary)
 
 
 @gin.configurable(module="run")
@@ -206,12 +203,22 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   elif mode == "branch":
     summary.update(_branch(workdir, model, tok, task, mesh, seed, sampling))
   else:
+    from flax import nnx
+
     from evotrainer.train import train
     result = train(workdir, task, model, tok, mesh, seed=seed, sampling=sampling)
     summary.update({k: result[k] for k in ("steps", "initial", "final", "history")})
     i, f = result["initial"], result["final"]
-    _print("[evotrainer] held-out before -> after RL: " + ", ".join(
+    _print("[evotrainer] validation before -> after RL: " + ", ".join(
         f"{k} {i[k]:.3f} -> {f[k]:.3f}" for k in i))
+    # The test split, reported only: the warm start (the model's own parameters are
+    # untouched by training) and the trained policy, with the same keys.
+    ti, _ = test_evaluation(result["rollout"], nnx.state(model), task)
+    tf, _ = test_evaluation(result["rollout"], result["state"].params, task)
+    if tf:
+      summary["test"] = {"initial": ti, "final": tf}
+      _print("[evotrainer] test before -> after RL: " + ", ".join(
+          f"{k} {ti[k]:.3f} -> {tf[k]:.3f}" for k in ti))
   summary["wall_s"] = round(time.time() - start, 2)
   config_lib.write_operative_config(workdir)
   _write_summary(workdir, summary)
@@ -246,6 +253,26 @@ def _sample(model, tok, task, mesh, seed, num_problems, samples_per_problem, sam
           "mean_length": float(gen.lengths.mean())}
 
 
+def test_evaluation(rollout, params, task, eval_config=None) -> tuple[dict, dict]:
+  """Figures and {task_id: mean correct} on the test split (`EvalConfig.num_test`
+  problems, the evaluation's fixed keys); ({}, {}) when `num_test` is 0.
+
+  The test split is reported only: its figures go to summaries and `test_eval.json`,
+  never to a branch result, the rollout store or anything the controller reads.
+  """
+  from evotrainer.train import EvalConfig, evaluate
+  cfg = eval_config or EvalConfig()
+  if cfg.num_test <= 0:
+    return {}, {}
+  problems = task.heldout_problems(cfg.num_test, split="test")
+  figures, episodes = evaluate(rollout, params, problems, cfg, cfg.key(), split="test",
+                               num_problems=len(problems))
+  per_problem: dict = {}
+  for ep in episodes:
+    per_problem.setdefault(ep.task_id, []).append(float(ep.reward_parts.get("correct", 0.0)))
+  return figures, {k: sum(v) / len(v) for k, v in sorted(per_problem.items())}
+
+
 def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
   """Trains one branch from its parent; returns (and writes) branch_result.json."""
   from flax import nnx
@@ -272,10 +299,18 @@ def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
   result = _branch_result(workdir, cfg["version"], out, str(model_dir),
                           RolloutStore(pathlib.Path(workdir) / "rollouts"))
   result["final"]["exploit_recovery"] = _exploit_recovery(task, tok)
-  tmp = result_path.with_suffix(".tmp")
-  tmp.write_text(json.dumps(result, indent=2) + "\n")
-  os.replace(tmp, result_path)
+  figures, per_problem = test_evaluation(out["rollout"], out["state"].params, task)
+  if figures:  # beside the result, never in it: the controller reads branch_result.json
+    _write_json(pathlib.Path(workdir) / "test_eval.json",
+                {"version": cfg["version"], "final": figures, "per_problem": per_problem})
+  _write_json(result_path, result)
   return result
+
+
+def _write_json(path: pathlib.Path, data: dict) -> None:
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(json.dumps(data, indent=2) + "\n")
+  os.replace(tmp, path)
 
 
 def _exploit_recovery(task, tok, num_problems: int = 64) -> float:

@@ -138,19 +138,34 @@ def _cut_at_stop(ids: np.ndarray, stop_ids: Sequence[int]) -> list:
 @gin.configurable(module="train")
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-  """Held-out evaluation: Avg@k and pass@k at `temperature`, plus greedy accuracy."""
+  """Held-out evaluation: Avg@k and pass@k at `temperature`, plus greedy accuracy.
+
+  `num_problems` validation problems are evaluated every `train.eval_every` steps (what
+  every evolution decision reads); `num_test` test problems only at the end of a `train`
+  or `branch` run (reported, never selected on). The sampling key depends on `seed`
+  only, never on the run seed: every version is evaluated with the same keys on the same
+  problems (common random numbers), so a child and its parent are compared paired.
+  """
 
   num_problems: int = 64
   k: int = 8
   temperature: float = 1.0
   max_new_tokens: int = 32
   batch_rows: int = 256
+  num_test: int = 0
+  seed: int = 0
+
+  def key(self) -> jax.Array:
+    return jax.random.key(self.seed + 7919)
 
 
 def evaluate(rollout: Rollout, params, heldout: Sequence, cfg: EvalConfig,
-             key: jax.Array, *, version: str = "v0", step: int = 0) -> tuple[dict, list]:
-  """Held-out figures {'avg{k}', 'pass{k}', 'greedy', 'format'} and the sampled episodes."""
-  problems = list(heldout[:cfg.num_problems])
+             key: jax.Array, *, version: str = "v0", step: int = 0,
+             num_problems: Optional[int] = None,
+             split: str = "heldout") -> tuple[dict, list]:
+  """Held-out figures {'avg{k}', 'pass{k}', 'greedy', 'format'} and the sampled episodes
+  over the first `num_problems` (default `cfg.num_problems`) of `heldout`."""
+  problems = list(heldout[:cfg.num_problems if num_problems is None else num_problems])
   per = max(1, cfg.batch_rows // cfg.k)
   correct, fmt, episodes = [], [], []
   sp = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
@@ -160,7 +175,7 @@ def evaluate(rollout: Rollout, params, heldout: Sequence, cfg: EvalConfig,
                   pad_rows_to=per * cfg.k)
     correct.append(gen.part("correct").reshape(len(chunk), cfg.k))
     fmt.append(gen.part("format"))
-    episodes += gen.episodes(rollout.task, version=version, step=step, split="heldout",
+    episodes += gen.episodes(rollout.task, version=version, step=step, split=split,
                              group=cfg.k, first_row=len(episodes))
   correct = np.concatenate(correct)
   greedy = []
@@ -279,7 +294,8 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
   Args:
     workdir: run directory (checkpoints/, rollouts/, metrics.jsonl, findings.jsonl,
       tensorboard/).
-    task: the domain (`train_problems`, `heldout_problems`, `format_prompt`, `score_many`).
+    task: the domain (`train_problems`, `heldout_problems`, `format_prompt`, `score_many`);
+      evaluation reads its validation split only.
     model, tokenizer: the policy (parameters are copied into the learner's state).
     mesh: device mesh, or None for the default device.
     seed: seed of the data order and of sampling.
@@ -312,9 +328,10 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
       segment's starting parameters are computed for every batch as well.
 
   Returns:
-    {'steps', 'wall_s', 'initial', 'final', 'history', 'state', 'harness_share'}: held-out
-    figures `avg{k}`, `pass{k}`, `greedy` before and after, and the share of step time
-    spent in the harness and diagnostics.
+    {'steps', 'wall_s', 'initial', 'final', 'history', 'state', 'rollout',
+    'harness_share'}: validation figures `avg{k}`, `pass{k}`, `greedy` before and after,
+    the final train state, the `Rollout` (its compiled sampler serves a test evaluation),
+    and the share of step time spent in the harness and diagnostics.
   """
   if steps < 0 or prompts_per_step < 1 or group_size < 2:
     raise ValueError("train: steps >= 0, prompts_per_step >= 1 and group_size >= 2 "
@@ -331,8 +348,8 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
   params0 = nnx.state(model)
   rollout = Rollout(task, tokenizer, sampler,
                     None if mesh is None else state_shardings(params0, mesh, SAMPLER_RULES))
-  heldout = task.heldout_problems(eval_config.num_problems)
-  eval_key = jax.random.key(seed + 7919)
+  heldout = task.heldout_problems(eval_config.num_problems, split="validation")
+  eval_key = eval_config.key()
   writer = MetricWriter(workdir)
   store = RolloutStore(os.path.join(workdir, "rollouts")) if store_rollouts else None
   ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), max_to_keep=max_to_keep)
@@ -467,7 +484,7 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
   final = history[-1] if history and history[-1]["step"] == step else run_eval(step)
   final = {k: v for k, v in final.items() if k != "step"}
   return {"steps": step, "wall_s": round(time.time() - start, 2), "initial": initial,
-          "final": final, "history": history, "state": state,
+          "final": final, "history": history, "state": state, "rollout": rollout,
           "harness_share": round(harness_s / total_s, 4) if total_s else None}
 
 

@@ -35,7 +35,7 @@ class DigitShareTask:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-  task = MathTask(sources=["tiny_arithmetic"], prompt_template="{question}", num_heldout=16)
+  task = MathTask(sources=["tiny_arithmetic"], prompt_template="{question}", num_validation=16)
   texts = [task.format_prompt(p) + " " + p.solution for p in task.train_problems(300, 0)]
   tok = SentencePieceTokenizer.train(texts, 300, str(tmp_path_factory.mktemp("spm")))
   cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64,

@@ -60,7 +60,7 @@ from evotrainer.evolution.proposers import Hypothesis, propose
 from evotrainer.evolution.search_space import SearchSpace, canonical, format_value
 from evotrainer.evolution.skills import (Skill, SkillError, SkillLibrary, state_of,
                                          template_of)
-from evotrainer.evolution.stats import paired_bootstrap
+from evotrainer.evolution.stats import holm, paired_test
 from evotrainer.evolution.trainer import BranchResult, Trainer
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     approve: `(gate: dict) -> bool`, polled at a gate.
     poll_s, gate_timeout_s: gate polling interval and limit (None: wait forever).
     learn_skills: write a skill when a non-skill intervention is kept.
+    collapse_fraction: a branch worse beyond noise whose validation avg8 is below this
+      share of its parent's is reported as collapsed (not just worse).
     progress: a bar over the trainings and one line per event on the terminal.
   """
 
@@ -130,7 +132,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
                human_gated: bool = False,
                approve: Optional[Callable[[dict], bool]] = None, poll_s: float = 2.0,
                gate_timeout_s: Optional[float] = None, learn_skills: bool = True,
-               progress: bool = False):
+               collapse_fraction: float = 0.5, progress: bool = False):
     self.ledger, self.trainer, self.space, self.skills = ledger, trainer, space, skills
     self.workdir = pathlib.Path(workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
@@ -142,6 +144,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     self.eval_check, self.escalate_after = eval_check, escalate_after
     self.gap_generations, self.separation = gap_generations, separation
     self.explain_tol = explain_tol
+    self.collapse_fraction = collapse_fraction
     self.human_gated, self.approve = human_gated, approve
     self.poll_s, self.gate_timeout_s, self.learn_skills = poll_s, gate_timeout_s, learn_skills
     self._given = {"validators": validators, "diagnostics": diagnostics}
@@ -176,7 +179,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     self.progress.close()
     inc = self.ledger.incumbent()
     if inc is not None:
-      self.progress.say(f"done: incumbent {inc.id} (held-out avg8 "
+      self.progress.say(f"done: incumbent {inc.id} (validation avg8 "
                         f"{inc.heldout.get('avg8', float('nan')):.4f}); "
                         f"{len(self.ledger.versions())} versions; see {self.workdir}/report.html")
     return inc
@@ -408,15 +411,17 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     validator's verdict ('failed': those that did not pass)."""
     from evotrainer.harness.validators import run_validators
     pres = self.result(parent)
-    diff, lo, hi = paired_bootstrap(r.per_problem, pres.per_problem, n=self.bootstrap_n,
-                                    seed=seed, alpha=self.alpha)
+    t = paired_test(r.per_problem, pres.per_problem, n=self.bootstrap_n, seed=seed,
+                    alpha=self.alpha)
+    diff, lo, hi = t["diff"], t["lo"], t["hi"]
     pev = parent_evidence if parent_evidence is not None else self.evidence(parent)
     verdicts = run_validators(self._validators, self.evidence(vid, pev))
     self.ledger.update_version(vid, heldout={
         **self.ledger.version(vid).heldout, "noise": (hi - lo) / 2, "diff": diff,
-        "lo": lo, "hi": hi})
-    return {"version": vid, "avg8": _avg8(r), "proxy": _proxy(r), "diff": diff, "lo": lo,
-            "hi": hi, "verdicts": verdicts, "failed": [v for v in verdicts if not v.passed]}
+        "lo": lo, "hi": hi, "p": t["p"]})
+    return {"version": vid, "avg8": _avg8(r), "parent_avg8": _avg8(pres), "proxy": _proxy(r),
+            "diff": diff, "lo": lo, "hi": hi, "p": t["p"], "verdicts": verdicts,
+            "failed": [v for v in verdicts if not v.passed]}
 
   def _ci(self, x: Mapping, parent: str) -> str:
     return (f"avg8 {x['diff']:+.4f}, {100 * (1 - self.alpha):.0f}% CI [{x['lo']:+.4f}, "
@@ -437,7 +442,11 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
         continue
       rows.append({**self._judge(vid, r, parent, self.seed * 7919 + gen, pev), "branch": b,
                    "order": i})
-    passing = [x for x in rows if not x["failed"] and x["lo"] > 0]
+    # Family-wise correction over the generation's K branches (Holm), at the one-sided
+    # level of the interval's lower bound: a branch is kept only if it survives both.
+    for x, ok in zip(rows, holm([x["p"] for x in rows], self.alpha / 2)):
+      x["holm"] = ok
+    passing = [x for x in rows if not x["failed"] and x["lo"] > 0 and x["holm"]]
     best = max(passing, key=lambda x: (x["avg8"], x["diff"], -x["order"]), default=None)
     self._gate("verification", gen, {"parent": parent, "promote": best and best["version"],
                                      "branches": [{k: x[k] for k in ("version", "avg8", "diff",
@@ -447,13 +456,23 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     outcomes = {}
     for x in rows:
       ci = self._ci(x, parent)
-      if x["failed"]:
+      x["verdict"] = verdict = self._verdict(x, best)
+      if verdict == "validator":
         reason, outcome = self._validator_rejection(x, ci), "failure"
-      elif x is best:
-        reason, outcome = f"kept: beats {parent} beyond noise ({ci}); validators pass", "success"
-      elif x["lo"] > 0:
+      elif verdict == "kept":
+        reason, outcome = (f"kept: beats {parent} beyond noise ({ci}; Holm-corrected over "
+                           f"{len(rows)} branches); validators pass"), "success"
+      elif verdict == "better_not_best":
         reason, outcome = f"beats {parent} beyond noise ({ci}) but {best['version']} is " \
                           f"better", "partial"
+      elif verdict == "collapsed":
+        reason, outcome = (f"collapsed: validation avg8 {x['avg8']:.4f} against "
+                           f"{x['parent_avg8']:.4f} of {parent} ({ci})"), "failure"
+      elif verdict == "worse_beyond_noise":
+        reason, outcome = f"worse beyond noise: {ci}", "failure"
+      elif verdict == "not_beyond_noise_corrected":
+        reason, outcome = (f"not beyond noise after the Holm correction over {len(rows)} "
+                           f"branches (p={x['p']:.4f}): {ci}"), "failure"
       else:
         reason, outcome = f"not beyond noise: {ci}", "failure"
       outcomes[x["version"]] = (reason, outcome)
@@ -472,15 +491,57 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
         self.ledger.update_decision(x["branch"]["decision"], outcome=outcome, why=reason)
         if h.skill:
           self.ledger.set_skill_outcome(x["version"], h.skill, outcome)
+        self.ledger.update_version(x["version"], heldout={
+            **self.ledger.version(x["version"]).heldout, "verdict": x["verdict"]})
         if x is best:
           self.ledger.promote(x["version"], reason)
         else:
           self.ledger.reject(x["version"], reason)
+      suspect = None if best else self._suspect_incumbent(gen, parent, rows)
       self.ledger.set_meta(f"controller/evaluated/{gen}",
-                           {"promoted": best and best["version"]})
+                           {"promoted": best and best["version"], "suspected": suspect})
     for x in rows:
       self.progress.say(f"{x['version']} {'KEPT' if x is best else 'rejected'}: "
                         f"{outcomes[x['version']][0]}")
+    if suspect:
+      self.progress.say(suspect)
+
+  def _verdict(self, x: Mapping, best: Optional[Mapping]) -> str:
+    """One of kept, better_not_best, validator, collapsed, worse_beyond_noise,
+    not_beyond_noise_corrected, not_beyond_noise."""
+    if x["failed"]:
+      return "validator"
+    if x is best:
+      return "kept"
+    if x["lo"] > 0 and x["holm"]:
+      return "better_not_best"
+    if x["hi"] < 0 and x["avg8"] < self.collapse_fraction * x["parent_avg8"]:
+      return "collapsed"
+    if x["hi"] < 0:
+      return "worse_beyond_noise"
+    return "not_beyond_noise_corrected" if x["lo"] > 0 else "not_beyond_noise"
+
+  def _suspect_incumbent(self, gen: int, parent: str, rows: Sequence[Mapping]) -> Optional[str]:
+    """When most branches of the incumbent fail badly (collapsed or worse beyond noise),
+    the incumbent itself is suspect: it is demoted as unstable (negative evidence for
+    its change) and the incumbent rolls back to its last good ancestor. Runs inside the
+    caller's transaction; returns what was done, or None."""
+    bad = [x["version"] for x in rows if x["verdict"] in ("collapsed", "worse_beyond_noise")]
+    inc = self.ledger.version(parent)
+    if inc.parent is None or len(bad) < 2 or 2 * len(bad) <= len(rows):
+      return None
+    why = (f"unstable: {len(bad)} of {len(rows)} branches from {parent} collapsed or "
+           f"regressed beyond noise ({', '.join(bad)})")
+    did = f"g{gen}-suspect"
+    self.ledger.add_decision(did, parent, intervention={"demote": parent},
+                             hypothesis=f"{parent}'s own change made it unstable: its "
+                                        f"children fail whatever they change",
+                             criterion="branches from the rolled-back incumbent do not "
+                                       "collapse")
+    self.ledger.update_decision(did, outcome="failure", why=why)
+    self.ledger.reject(parent, why)
+    back = self.ledger.incumbent()
+    return f"{why}: {parent} demoted, incumbent rolled back to {back and back.id}"
 
   def _learn_skill(self, h: Hypothesis, vid: str) -> None:
     """Writes (or adds evidence to) a skill for a kept change that no skill proposed: it
@@ -522,7 +583,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
                        "intervention": changes.get(v.id, "(root)" if v.parent is None else ""),
                        "heldout_avg8": None if avg8 is None or (isinstance(avg8, float)
                                                                 and math.isnan(avg8)) else avg8,
-                       "proxy_reward": v.metrics.get("proxy_reward"), "reason": v.reason})
+                       "proxy_reward": v.metrics.get("proxy_reward"), "reason": v.reason,
+                       "verdict": v.heldout.get("verdict")})
     wall = self.ledger.get_meta("controller/wall_s", 0.0) + time.time() - self._t0
     return {"mode": "evolve", "wall_s": round(wall, 3), "incumbent": inc and inc.id,
             "generations": self.ledger.get_meta("controller/generation", 0),
@@ -531,8 +593,10 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
   def write_summary(self, extra: Optional[Mapping] = None) -> pathlib.Path:
     """summary.json (`summary()` updated with `extra`), and report.html regenerated beside
     it (a report that fails to render is logged, never the end of the run)."""
+    from evotrainer.report.test_split import attach_test
     path = self.workdir / "summary.json"
-    write_json(path, {**self.summary(), **(extra or {})})
+    # Test scores join the summary here, after every decision, and nowhere else.
+    write_json(path, attach_test({**self.summary(), **(extra or {})}, self.workdir))
     try:
       from evotrainer.report import render_report
       render_report(self.workdir, ledger=self.ledger)

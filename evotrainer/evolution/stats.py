@@ -5,14 +5,51 @@ numbers: same prompts, same seeds), so the per-problem differences are paired; r
 the problems with replacement gives a confidence interval of the mean difference
 (Efron & Tibshirani, "An Introduction to the Bootstrap", ch. 13, percentile interval).
 A branch is better *beyond noise* only when the whole interval lies above zero.
+
+Several branches of one generation are several tests, and the controller keeps the best
+of them: `holm` (Holm 1979, "A simple sequentially rejective multiple test procedure")
+corrects their one-sided bootstrap p-values, so the chance of keeping any branch that is
+not truly better stays at the level of one test.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
+
+
+def paired_test(child: Mapping[str, float], parent: Mapping[str, float], n: int = 2000,
+                seed: int = 0, alpha: float = 0.05) -> dict:
+  """`paired_bootstrap`'s mean and interval plus the one-sided p-value of "child is no
+  better": p = (1 + #{resampled means <= 0}) / (n + 1). Keys diff, lo, hi, p, problems."""
+  common = sorted(set(child) & set(parent))
+  if not common:
+    return {"diff": math.nan, "lo": math.nan, "hi": math.nan, "p": 1.0, "problems": 0}
+  d = np.array([float(child[k]) - float(parent[k]) for k in common], np.float64)  # [P]
+  rng = np.random.default_rng(seed)
+  idx = rng.integers(0, len(d), size=(n, len(d)))  # [n, P]
+  means = d[idx].mean(axis=1)  # [n]
+  lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+  p = (1.0 + float((means <= 0).sum())) / (n + 1.0)
+  return {"diff": float(d.mean()), "lo": float(lo), "hi": float(hi), "p": p,
+          "problems": len(common)}
+
+
+def holm(pvalues: Sequence[float], alpha: float) -> list[bool]:
+  """Holm's step-down procedure: which hypotheses are rejected at family-wise `alpha`.
+
+  The i-th smallest p-value (i = 0, 1, ...) is compared with alpha / (m - i); rejection
+  stops at the first that exceeds it.
+  """
+  order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+  out = [False] * len(pvalues)
+  for rank, i in enumerate(order):
+    if pvalues[i] > alpha / (len(pvalues) - rank):
+      break
+    out[i] = True
+  return out
 
 
 def paired_bootstrap(child: Mapping[str, float], parent: Mapping[str, float], n: int = 2000,
@@ -28,15 +65,8 @@ def paired_bootstrap(child: Mapping[str, float], parent: Mapping[str, float], n:
   Returns:
     (mean_diff, lo, hi); all NaN when the two share no problem.
   """
-  common = sorted(set(child) & set(parent))
-  if not common:
-    return (math.nan, math.nan, math.nan)
-  d = np.array([float(child[k]) - float(parent[k]) for k in common], np.float64)  # [P]
-  rng = np.random.default_rng(seed)
-  idx = rng.integers(0, len(d), size=(n, len(d)))  # [n, P]
-  means = d[idx].mean(axis=1)  # [n]
-  lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-  return float(d.mean()), float(lo), float(hi)
+  t = paired_test(child, parent, n=n, seed=seed, alpha=alpha)
+  return (t["diff"], t["lo"], t["hi"])
 
 
 def beats(child: Mapping[str, float], parent: Mapping[str, float], alpha: float = 0.05,
@@ -46,4 +76,4 @@ def beats(child: Mapping[str, float], parent: Mapping[str, float], alpha: float 
   return bool(lo > 0)
 
 
-__all__ = ["beats", "paired_bootstrap"]
+__all__ = ["beats", "holm", "paired_bootstrap", "paired_test"]

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from evotrainer.evolution.ledger import Ledger, VersionRecord
 from evotrainer.harness.base import printable
+from evotrainer.report.test_split import read_test_scores
 
 REPORT_NAME = "report.html"
 MAX_FILE_FINDINGS = 20  # training-time findings shown per version (the file can be long)
@@ -126,12 +127,13 @@ def version_curves(metrics_rows: Iterable[Mapping]) -> dict:
 
 
 def svg_chart(series: Mapping[str, Sequence[tuple]], title: str, width: int = 360,
-              height: int = 200) -> str:
+              height: int = 200, points: bool = False) -> str:
   """An inline SVG line chart: one polyline per series, axes labelled with min/max.
 
   Args:
     series: {name: [(x, y), ...]}; empty series are left out.
     title: the chart's caption.
+    points: a dot per point and no lines (a scatter).
   """
   series = {k: list(v) for k, v in series.items() if v}
   left, right, top, bottom = 48, 10, 22, 30
@@ -165,12 +167,13 @@ def svg_chart(series: Mapping[str, Sequence[tuple]], title: str, width: int = 36
   for i, (name, pts) in enumerate(series.items()):
     color = _COLORS[i % len(_COLORS)]
     coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-    out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
-               f'points="{coords}"/>')
-    if len(pts) == 1:  # a single eval: a dot, since a one-point polyline is invisible
-      out.append(f'<circle cx="{sx(pts[0][0]):.1f}" cy="{sy(pts[0][1]):.1f}" r="3" '
-                 f'fill="{color}"/>')
-    lx = width - right - 70 * i  # legend on the title line, right to left
+    if not points:
+      out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
+                 f'points="{coords}"/>')
+    if points or len(pts) == 1:  # a one-point polyline is invisible: a dot
+      out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>'
+              for x, y in pts]
+    lx = width - right - (110 if points else 70) * i  # legend on the title line
     out.append(f'<text x="{lx}" y="14" text-anchor="end" '
                f'font-size="10" font-family="sans-serif" fill="{color}">{_e(name)}</text>')
   out.append("</svg>")
@@ -191,7 +194,7 @@ def _status(status: str) -> str:
 
 
 def _lineage(versions: Sequence[VersionRecord], changes: Mapping[str, str],
-             incumbent: Optional[str]) -> str:
+             incumbent: Optional[str], test: Mapping[str, Mapping]) -> str:
   by_parent: dict = {}
   known = {v.id for v in versions}
   for v in versions:
@@ -208,7 +211,9 @@ def _lineage(versions: Sequence[VersionRecord], changes: Mapping[str, str],
       parts.append(' <span class="inc">&#9733; incumbent</span>')
     parts.append(f" {_e(change)}")
     if held:
-      parts.append(f" &middot; held-out avg8 <b>{_e(held)}</b>")
+      parts.append(f" &middot; validation avg8 <b>{_e(held)}</b>")
+    if v.id in test:
+      parts.append(f" &middot; test avg8 <b>{_e(_num(test[v.id].get('avg8')))}</b>")
     if proxy:
       parts.append(f" &middot; proxy {_e(proxy)}")
     if v.reason:
@@ -395,6 +400,34 @@ def _header(workdir: pathlib.Path, versions: Sequence, incumbent: Optional[str])
           + "</table>")
 
 
+def _overview(versions: Sequence[VersionRecord], test: Mapping[str, Mapping]) -> str:
+  """Every version's score against the cumulative RL steps of its lineage: validation
+  (what the controller selected on) and test (reported only), kept and rejected."""
+  by_id = {v.id: v for v in versions}
+
+  def cumulative(v: VersionRecord) -> float:
+    total, seen = 0.0, set()
+    while v is not None and v.id not in seen:
+      seen.add(v.id)
+      total += float(v.metrics.get("steps") or 0)
+      v = by_id.get(v.parent)
+    return total
+
+  series: dict = {"validation, kept": [], "validation, rejected": [],
+                  "test, kept": [], "test, rejected": []}
+  for v in versions:
+    side = "kept" if v.status in ("kept", "merged") else "rejected"
+    x = cumulative(v)
+    val = v.heldout.get("avg8")
+    if isinstance(val, (int, float)) and val == val:
+      series[f"validation, {side}"].append((x, float(val)))
+    t = (test.get(v.id) or {}).get("avg8")
+    if isinstance(t, (int, float)):
+      series[f"test, {side}"].append((x, float(t)))
+  return svg_chart(series, "avg8 vs cumulative RL steps (every version)", width=720,
+                   height=260, points=True)
+
+
 # ------------------------------------------------------------------ entry point
 
 
@@ -408,8 +441,10 @@ def render_html(workdir: str | os.PathLike, ledger: Ledger) -> str:
              for d in ledger.decisions()
              if d.version_id and isinstance(d.intervention, Mapping)}
   sweep = _sweep_rows(ledger, workdir)
-  sections = [("Run", _header(workdir, versions, incumbent)),
-              ("Lineage", _lineage(versions, changes, incumbent)),
+  test = read_test_scores(workdir)
+  sections = [("Overview", _overview(versions, test)),
+              ("Run", _header(workdir, versions, incumbent)),
+              ("Lineage", _lineage(versions, changes, incumbent, test)),
               *([("Sweep", _sweep(sweep))] if sweep else []),
               ("Metric curves", _curves(versions, workdir)),
               ("Findings", _findings(ledger, versions, workdir)),

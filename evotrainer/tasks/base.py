@@ -8,6 +8,7 @@ into one reward is the harness's job (a reward shaper), not the task's.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from typing import Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
@@ -52,8 +53,10 @@ class Task(Protocol):
     """`n` training problems, a deterministic function of `seed`; never held-out ones."""
     ...
 
-  def heldout_problems(self, n: Optional[int] = None) -> list[Problem]:
-    """The first `n` (all when None) problems of the fixed held-out split."""
+  def heldout_problems(self, n: Optional[int] = None,
+                       split: str = "validation") -> list[Problem]:
+    """The first `n` (all when None) problems of a fixed held-out split: 'validation'
+    (what training, the controller and every gate read) or 'test' (reported only)."""
     ...
 
   def score(self, problem: Problem, completion: str) -> dict[str, float]:
@@ -72,10 +75,45 @@ class Task(Protocol):
 
 _SPACE = re.compile(r"\s+")
 
+SPLITS = ("train", "validation", "test")
+HELDOUT_SPLITS = ("validation", "test")
+
 
 def normalize_prompt(text: str) -> str:
   """The form prompts are compared in for de-duplication: case and spacing ignored."""
   return _SPACE.sub(" ", text).strip().lower()
+
+
+def _hash_unit(text: str) -> float:
+  """A stable value in [0, 1) from text (not Python's salted `hash`)."""
+  return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+
+
+def split_of(prompt: str, validation_fraction: float, test_fraction: float) -> str:
+  """The split a prompt belongs to, by a stable hash of its normalized text.
+
+  Train, validation and test are disjoint by construction for every source, procedural
+  ones included: a prompt that hashes to validation or test is never trained on, however
+  it was generated, and duplicates (up to case and spacing) always land together.
+  """
+  u = _hash_unit(normalize_prompt(prompt))
+  if u < test_fraction:
+    return "test"
+  if u < test_fraction + validation_fraction:
+    return "validation"
+  return "train"
+
+
+def check_fractions(validation_fraction: float, test_fraction: float, who: str) -> None:
+  """Raises ValueError unless both are in (0, 1) and leave room for training."""
+  for name, f in (("validation_fraction", validation_fraction),
+                  ("test_fraction", test_fraction)):
+    if not 0.0 < f < 1.0:
+      raise ValueError(f"{who}.{name} must be in (0, 1), got {f}")
+  if validation_fraction + test_fraction >= 0.9:
+    raise ValueError(f"{who}: validation_fraction + test_fraction = "
+                     f"{validation_fraction + test_fraction} leaves under 10% of the "
+                     f"prompts for training")
 
 
 def check_disjoint(train: Sequence[Problem], heldout: Sequence[Problem]) -> None:

@@ -386,8 +386,9 @@ class DatasetTask:
                        f"n={n}, seed={seed}")
     return self.train.problems_at(seed * n, n, self.seed)
 
-  def heldout_problems(self, n: Optional[int] = None) -> list[Problem]:
-    return self.task.heldout_problems(n)
+  def heldout_problems(self, n: Optional[int] = None,
+                       split: str = "validation") -> list[Problem]:
+    return self.task.heldout_problems(n, split=split)
 
   def format_prompt(self, problem: Problem) -> str:
     return self.task.format_prompt(problem)

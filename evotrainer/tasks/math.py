@@ -9,13 +9,15 @@ Sources (named in `MathTask.sources`):
   jsonl              local files in GSM8K form (`question`, `answer` ending `#### N`) or
                      MATH form (`problem`, `solution` with `\\boxed{}`, optional `answer`).
 
-Splits. A procedural problem is a pure function of an integer key; keys below
-`HELDOUT_KEYS` belong to the held-out split and training draws keys above it, so the
-splits are disjoint by construction, and training draws whose normalized prompt equals
-a held-out prompt are redrawn as well (small problem spaces repeat texts). JSONL rows go
-held-out either from separate `heldout_jsonl_files` or by a stable hash of the prompt
-text, so duplicates always land on the same side. The held-out set depends only on the
-task config, never on the run seed.
+Splits: train, validation (what training's periodic evaluation, the evolution's
+controller, its diagnostics, validators and sweeps read) and test (reported only). Every
+prompt belongs to one split by a stable hash of its normalized text (`base.split_of`,
+shares `validation_fraction` / `test_fraction`), for procedural sources as for files, so
+a test problem is never trained on however often a small problem space repeats it. The
+validation and test sets are the first `num_validation` / `num_test` distinct prompts of
+their split (procedural keys below `HELDOUT_KEYS`, in order; training draws keys above
+it); rows of `test_jsonl_files` are test problems, and a training-file row with the same
+prompt is dropped. The held-out sets depend only on the task config, never on the seed.
 
 Generation cost here (per problem, one CPU core, gold check included): tiny_arithmetic
 ≈0.02 ms, chain_sum / basic_arithmetic / gsm_symbolic 0.02–0.05 ms, simple_equations
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import json
 import logging
 import operator
@@ -40,7 +41,8 @@ from typing import Iterator, Optional, Sequence
 
 import gin
 
-from evotrainer.tasks.base import Problem, check_disjoint, normalize_prompt
+from evotrainer.tasks.base import (HELDOUT_SPLITS, Problem, check_disjoint, check_fractions,
+                                   normalize_prompt, split_of)
 from evotrainer.tasks.verify import (METHODS, VerifierPool, answer_tag, boxed_contents,
                                      count_candidates, extract_answer, numbers_in,
                                      parse_number, too_long)
@@ -51,7 +53,8 @@ __all__ = ["MathTask", "check_disjoint", "load_jsonl", "JsonlFile", "procedural_
 log = logging.getLogger(__name__)
 
 DEFAULT_TEMPLATE = "{question}\nGive the final answer inside <answer></answer> tags."
-# Procedural keys [0, HELDOUT_KEYS) are held-out; training keys are drawn above.
+# Validation and test problems come from procedural keys [0, HELDOUT_KEYS) (those whose
+# prompt hashes to their split); training keys are drawn above.
 HELDOUT_KEYS = 1_000_000
 _MAX_KEY = 2**31 - 1
 _HELDOUT_SEED = 20240601  # slot → source assignment of the held-out set; never the run seed
@@ -204,13 +207,14 @@ def procedural_problem(name: str, difficulty: int, key: int) -> Optional[Problem
 class _ProceduralSource:
   """Keys [0, HELDOUT_KEYS) in order for held-out; random keys above for training."""
 
-  def __init__(self, name: str, difficulty: int):
-    self.name, self.difficulty = name, difficulty
+  def __init__(self, name: str, difficulty: int, fractions: tuple[float, float]):
+    self.name, self.difficulty, self.fractions = name, difficulty, fractions
 
-  def heldout_iter(self) -> Iterator[Problem]:
+  def heldout_iter(self, split: str) -> Iterator[Problem]:
+    """The problems of keys [0, HELDOUT_KEYS) whose prompt hashes to `split`, in order."""
     for key in range(HELDOUT_KEYS):
       p = procedural_problem(self.name, self.difficulty, key)
-      if p is not None:
+      if p is not None and split_of(p.prompt, *self.fractions) == split:
         yield p
 
   def sample_train(self, rng: random.Random) -> Optional[Problem]:
@@ -326,39 +330,35 @@ def load_jsonl(path: str | pathlib.Path, on_bad_row: str = "skip") -> JsonlFile:
   return JsonlFile(path, problems, bad)
 
 
-def _hash_unit(text: str) -> float:
-  """A stable value in [0, 1) from text (not Python's salted `hash`)."""
-  return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
-
-
 class _JsonlSource:
-  """Problems from files: held-out from `heldout_files`, or a prompt-hash fraction."""
+  """Problems from files, split by prompt hash; `test_files` rows are all test."""
 
   name = "jsonl"
 
-  def __init__(self, files: Sequence[str], heldout_files: Sequence[str],
-               heldout_fraction: float, on_bad_row: str):
+  def __init__(self, files: Sequence[str], test_files: Sequence[str],
+               fractions: tuple[float, float], on_bad_row: str):
     loaded = [load_jsonl(f, on_bad_row) for f in files]
-    held_loaded = [load_jsonl(f, on_bad_row) for f in heldout_files]
-    self.bad_rows = [b for f in loaded + held_loaded for b in f.bad_rows]
+    test_loaded = [load_jsonl(f, on_bad_row) for f in test_files]
+    self.bad_rows = [b for f in loaded + test_loaded for b in f.bad_rows]
     rows = [p for f in loaded for p in f.problems]
-    if held_loaded:
-      self.heldout = [p for f in held_loaded for p in f.problems]
-      held = {normalize_prompt(p.prompt) for p in self.heldout}
-      self.train = [p for p in rows if normalize_prompt(p.prompt) not in held]
-      if len(self.train) < len(rows):
-        log.info("jsonl: dropped %d training row(s) whose prompt is in the held-out files",
-                 len(rows) - len(self.train))
-    else:
-      is_held = [_hash_unit(normalize_prompt(p.prompt)) < heldout_fraction for p in rows]
-      self.heldout = [p for p, h in zip(rows, is_held) if h]
-      self.train = [p for p, h in zip(rows, is_held) if not h]
+    extra_test = [p for f in test_loaded for p in f.problems]
+    in_test_files = {normalize_prompt(p.prompt) for p in extra_test}
+    kept = [p for p in rows if normalize_prompt(p.prompt) not in in_test_files]
+    if len(kept) < len(rows):
+      log.info("jsonl: dropped %d row(s) whose prompt is in the test files",
+               len(rows) - len(kept))
+    side = [split_of(p.prompt, *fractions) for p in kept]
+    self.splits = {name: [p for p, s in zip(kept, side) if s == name]
+                   for name in ("train", "validation")}
+    self.splits["test"] = [p for p, s in zip(kept, side) if s == "test"] + extra_test
+    self.train = self.splits["train"]
     if not self.train:
       raise ValueError(f"MathTask: no training problems left in {list(files)} after "
-                       f"setting aside {len(self.heldout)} held-out problem(s)")
+                       f"setting aside {len(self.splits['validation'])} validation and "
+                       f"{len(self.splits['test'])} test problem(s)")
 
-  def heldout_iter(self) -> Iterator[Problem]:
-    return iter(self.heldout)
+  def heldout_iter(self, split: str) -> Iterator[Problem]:
+    return iter(self.splits[split])
 
   def sample_train(self, rng: random.Random) -> Optional[Problem]:
     return self.train[rng.randrange(len(self.train))]
@@ -399,11 +399,14 @@ class MathTask:
       Default: ("jsonl",) if `jsonl_files` is set, else ("tiny_arithmetic",).
     weights: sampling weight per source (default uniform).
     difficulty: 1..3, for every procedural source.
-    num_heldout: size of the fixed held-out set (smaller if the sources run out).
-    jsonl_files: GSM8K/MATH-form JSONL files for the "jsonl" source.
-    heldout_jsonl_files: held-out JSONL files (e.g. a test split); without them a
-      `heldout_fraction` of `jsonl_files` rows (chosen by prompt hash) is held out.
-    heldout_fraction: see above.
+    num_validation: size of the fixed validation set (smaller if the sources run out):
+      what training's periodic evaluation and every evolution decision read.
+    num_test: size of the fixed test set: reported only, never selected on.
+    validation_fraction, test_fraction: shares of all prompts (by a stable hash of the
+      normalized prompt) that belong to the validation and test splits.
+    jsonl_files: GSM8K/MATH-form JSONL files for the "jsonl" source (split by hash).
+    test_jsonl_files: JSONL files whose rows are all test problems (e.g. GSM8K's test
+      file); a `jsonl_files` row with the same prompt is dropped.
     on_bad_row: "skip" (log with file:line and count in `bad_rows`) or "error" (raise).
     prompt_template: `str.format` template with a `{question}` field. Tiny models want
       just "{question}".
@@ -415,8 +418,9 @@ class MathTask:
 
   def __init__(self, sources: Optional[Sequence[str]] = None,
                weights: Optional[Sequence[float]] = None, difficulty: int = 1,
-               num_heldout: int = 200, jsonl_files: Sequence[str] = (),
-               heldout_jsonl_files: Sequence[str] = (), heldout_fraction: float = 0.1,
+               num_validation: int = 200, num_test: int = 500,
+               validation_fraction: float = 0.1, test_fraction: float = 0.1,
+               jsonl_files: Sequence[str] = (), test_jsonl_files: Sequence[str] = (),
                on_bad_row: str = "skip", prompt_template: str = DEFAULT_TEMPLATE,
                answer_methods: Sequence[str] = METHODS,
                format_methods: Sequence[str] = ("answer_tag",),
@@ -440,8 +444,10 @@ class MathTask:
     if len(weights) != len(sources) or min(weights) < 0 or sum(weights) <= 0:
       raise ValueError(f"MathTask.weights={weights} must be {len(sources)} non-negative "
                        f"numbers (one per source in {sources}) with a positive sum")
-    if not 0.0 <= heldout_fraction < 1.0:
-      raise ValueError(f"MathTask.heldout_fraction must be in [0, 1), got {heldout_fraction}")
+    check_fractions(validation_fraction, test_fraction, "MathTask")
+    for name, n in (("num_validation", num_validation), ("num_test", num_test)):
+      if not isinstance(n, int) or n < 1:
+        raise ValueError(f"MathTask.{name} must be a positive integer, got {n!r}")
     try:
       prompt_template.format(question="")
     except (KeyError, IndexError, ValueError) as e:
@@ -453,28 +459,32 @@ class MathTask:
     self.sources = sources
     self.weights = weights
     self.difficulty = difficulty
-    self.num_heldout = num_heldout
+    self.sizes = {"validation": num_validation, "test": num_test}
+    self.fractions = (validation_fraction, test_fraction)
     self.prompt_template = prompt_template
     self.answer_methods = tuple(answer_methods)
     self.format_methods = tuple(format_methods)
     self._sources = [
-        _JsonlSource(jsonl_files, heldout_jsonl_files, heldout_fraction, on_bad_row)
-        if s == "jsonl" else _ProceduralSource(s, difficulty) for s in sources]
+        _JsonlSource(jsonl_files, test_jsonl_files, self.fractions, on_bad_row)
+        if s == "jsonl" else _ProceduralSource(s, difficulty, self.fractions) for s in sources]
     self.bad_rows = [b for s in self._sources for b in getattr(s, "bad_rows", [])]
-    self._heldout: Optional[list[Problem]] = None
-    self._heldout_prompts: set[str] = set()
+    self._heldout: dict[str, list[Problem]] = {}
     self._verifier = verifier
     self._owns_verifier = verifier is None
     self._verify_workers, self._verify_timeout_s = verify_workers, verify_timeout_s
 
   # ------------------------------------------------------------------ problems
 
-  def _heldout_set(self) -> list[Problem]:
-    """The fixed held-out list: slots assigned to sources by a fixed seed, no repeats."""
-    if self._heldout is None:
-      slots = random.Random(_HELDOUT_SEED).choices(range(len(self._sources)),
-                                                   weights=self.weights, k=self.num_heldout)
-      iters = [s.heldout_iter() for s in self._sources]
+  def _heldout_set(self, split: str) -> list[Problem]:
+    """The fixed list of a held-out split: slots assigned to sources by a fixed seed,
+    distinct prompts of that split only."""
+    if split not in HELDOUT_SPLITS:
+      raise ValueError(f"held-out split must be one of {HELDOUT_SPLITS}, got {split!r}")
+    if split not in self._heldout:
+      size = self.sizes[split]
+      slots = random.Random(f"{_HELDOUT_SEED}:{split}").choices(
+          range(len(self._sources)), weights=self.weights, k=size)
+      iters = [s.heldout_iter(split) for s in self._sources]
       live = [True] * len(iters)
       out, seen = [], set()
       for s in slots:
@@ -491,40 +501,44 @@ class MathTask:
             break
         else:
           live[s] = False
-      if len(out) < self.num_heldout:
+      if len(out) < size:
         # Expected for finite JSONL data; for a generator it means a tiny problem space.
         ran_out = [s.name for s, ok in zip(self._sources, live) if not ok]
         level = logging.INFO if ran_out == ["jsonl"] else logging.WARNING
-        log.log(level, "MathTask: held-out set has %d problems, fewer than num_heldout=%d "
-                "(%s ran out of distinct problems)", len(out), self.num_heldout, ran_out)
-      self._heldout, self._heldout_prompts = out, seen
-    return self._heldout
+        log.log(level, "MathTask: %s set has %d problems, fewer than num_%s=%d (%s ran "
+                "out of distinct problems)", split, len(out), split, size, ran_out)
+      self._heldout[split] = out
+    return self._heldout[split]
 
-  def heldout_problems(self, n: Optional[int] = None) -> list[Problem]:
-    """The first `n` (all when None) problems of the fixed held-out split."""
-    held = self._heldout_set()
+  def heldout_problems(self, n: Optional[int] = None,
+                       split: str = "validation") -> list[Problem]:
+    """The first `n` (all when None) problems of a fixed held-out split: 'validation'
+    (what training and the evolution read) or 'test' (reported only)."""
+    held = self._heldout_set(split)
     if n is not None and n > len(held):
-      raise ValueError(f"asked for {n} held-out problems but the held-out split has "
-                       f"{len(held)}; raise MathTask.num_heldout")
+      more = (f"raise MathTask.num_{split}" if len(held) == self.sizes[split] else
+              f"the sources have no more distinct {split} prompts: add data or raise "
+              f"MathTask.{split}_fraction")
+      raise ValueError(f"asked for {n} {split} problems but the {split} split has "
+                       f"{len(held)}; {more}")
     return list(held if n is None else held[:n])
 
   def train_problems(self, n: int, seed: int) -> list[Problem]:
-    """`n` training problems drawn by `seed` (deterministic); none is held-out."""
-    self._heldout_set()
+    """`n` training problems drawn by `seed` (deterministic); none is validation or test."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
       (src,) = rng.choices(self._sources, weights=self.weights)
       for _ in range(_MAX_REDRAWS):
         p = src.sample_train(rng)
-        if p is not None and normalize_prompt(p.prompt) not in self._heldout_prompts:
+        if p is not None and split_of(p.prompt, *self.fractions) == "train":
           out.append(p)
           break
       else:
         raise RuntimeError(
             f"MathTask: {_MAX_REDRAWS} training draws in a row from source {src.name!r} "
-            f"were held-out or invalid problems; its problem space is too small for "
-            f"num_heldout={self.num_heldout} (raise difficulty or lower num_heldout)")
+            f"were validation, test or invalid problems; its problem space is too small "
+            f"(raise difficulty or lower validation_fraction / test_fraction)")
     return out
 
   def format_prompt(self, problem: Problem) -> str:

@@ -14,7 +14,7 @@ from evotrainer.tasks.verify import extract_answer
 
 @pytest.fixture(scope="module")
 def task():
-  t = MathTask(sources=["tiny_arithmetic"], num_heldout=12)
+  t = MathTask(sources=["tiny_arithmetic"], num_validation=12)
   yield t
   t.close()
 

@@ -73,7 +73,7 @@ def test_report_content_and_escaping(run_dir):
     assert text in page, text
   assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
   assert "<script" not in page  # no script of ours, none let through from the run
-  assert page.count("<svg") == 4  # two charts per version
+  assert page.count("<svg") == 5  # the overview and two charts per version
   assert "<polyline" in page
   assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
   assert "https://" not in page  # opens offline

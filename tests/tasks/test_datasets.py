@@ -17,7 +17,7 @@ NUM_TRAIN, SEED = 30, 5
 
 
 def _tiny(**kwargs) -> MathTask:
-  return MathTask(sources=["tiny_arithmetic"], num_heldout=20, **kwargs)
+  return MathTask(sources=["tiny_arithmetic"], num_validation=20, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_config_hash_names_the_dataset(task, data_dir, path):
   assert same == path
   # Problem content does: a different difficulty, held-out size, seed or size.
   others = [materialize(_tiny(difficulty=2), data_dir, NUM_TRAIN, SEED),
-            materialize(MathTask(sources=["tiny_arithmetic"], num_heldout=10), data_dir,
+            materialize(MathTask(sources=["tiny_arithmetic"], num_validation=10), data_dir,
                         NUM_TRAIN, SEED),
             materialize(task, data_dir, NUM_TRAIN, SEED + 1),
             materialize(task, data_dir, NUM_TRAIN + 1, SEED)]
@@ -140,7 +140,7 @@ def test_dataset_task_serves_the_stream(task, data_dir, path):
 def test_gin_builds_dataset_task(data_dir, path):
   try:
     gin.parse_config(f"tasks.MathTask.sources = ['tiny_arithmetic']\n"
-                     f"tasks.MathTask.num_heldout = 20\n"
+                     f"tasks.MathTask.num_validation = 20\n"
                      f"tasks.DatasetTask.task = @tasks.MathTask()\n"
                      f"tasks.DatasetTask.data_dir = '{data_dir}'\n"
                      f"tasks.DatasetTask.num_train = {NUM_TRAIN}\n"

@@ -9,7 +9,7 @@ from fractions import Fraction
 import gin
 import pytest
 
-from evotrainer.tasks.base import Problem, Task, check_disjoint
+from evotrainer.tasks.base import Problem, Task, check_disjoint, split_of
 from evotrainer.tasks.math import (HELDOUT_KEYS, PROCEDURAL_SOURCES, MathTask, load_jsonl,
                                    procedural_problem)
 from evotrainer.tasks.verify import VerifierPool
@@ -39,7 +39,7 @@ def _write(path, rows):
 @pytest.mark.parametrize("source", PROCEDURAL_SOURCES)
 @pytest.mark.parametrize("difficulty", [1, 3])
 def test_gold_scores_correct_and_gold_plus_one_wrong(source, difficulty, pool):
-  task = MathTask(sources=[source], difficulty=difficulty, num_heldout=6, verifier=pool)
+  task = MathTask(sources=[source], difficulty=difficulty, num_validation=6, verifier=pool)
   assert isinstance(task, Task)
   problems = task.heldout_problems() + task.train_problems(6, seed=1)
   assert len(problems) == 12
@@ -94,7 +94,7 @@ def test_simple_equations_gold_solves_equation():
 
 def test_difficulty_changes_the_problems():
   def heldout(source, d, n=30):
-    return MathTask(sources=[source], difficulty=d, num_heldout=n).heldout_problems()
+    return MathTask(sources=[source], difficulty=d, num_validation=n).heldout_problems()
 
   def magnitudes(problems):
     return max(abs(int(x)) for p in problems for x in re.findall(r"\d+", p.prompt))
@@ -123,16 +123,28 @@ def test_difficulty_changes_the_problems():
 # ------------------------------------------------------------------ splits
 
 
-def test_train_and_heldout_disjoint_and_deterministic():
-  task = MathTask(sources=["tiny_arithmetic"], difficulty=1, num_heldout=300)
+def test_train_validation_test_disjoint_by_prompt_and_deterministic():
+  task = MathTask(sources=["tiny_arithmetic"], difficulty=1, num_validation=300,
+                  num_test=300)
   held = task.heldout_problems()
+  test = task.heldout_problems(split="test")
   assert len(held) == 300 and len({p.prompt for p in held}) == 300
-  assert all(p.meta["key"] < HELDOUT_KEYS for p in held)
-  # 3000 draws from 10k possible sums: without the prompt check ~90 would be held-out.
-  train = task.train_problems(3000, seed=7)
+  assert len(test) == 300 and len({p.prompt for p in test}) == 300
+  assert all(p.meta["key"] < HELDOUT_KEYS for p in held + test)
+  check_disjoint(held, test)
+  # 6000 draws from 10k possible sums: a key-based split would train on ~20% of all
+  # validation and test prompts, selected or not; by prompt hash none is ever drawn.
+  train = task.train_problems(6000, seed=7)
   assert all(p.meta["key"] >= HELDOUT_KEYS for p in train)
   check_disjoint(train, held)
-  again = MathTask(sources=["tiny_arithmetic"], difficulty=1, num_heldout=300)
+  check_disjoint(train, test)
+  # Not just the selected problems: no training prompt hashes to validation or test.
+  assert {split_of(p.prompt, 0.1, 0.1) for p in train} == {"train"}
+  reserved = {p.prompt for p in (procedural_problem("tiny_arithmetic", 1, k)
+                                 for k in range(3000, 4000))
+              if split_of(p.prompt, 0.1, 0.1) != "train"}
+  assert 100 < len(reserved) < 300 and not reserved & {p.prompt for p in train}
+  again = MathTask(sources=["tiny_arithmetic"], difficulty=1, num_validation=300)
   assert again.heldout_problems(10) == held[:10]
   assert again.train_problems(20, seed=7) == train[:20]
   assert again.train_problems(20, seed=8) != train[:20]
@@ -148,15 +160,17 @@ def test_check_disjoint_catches_overlap_modulo_case_and_spaces():
 
 
 def test_mixture_heldout_uses_every_source_and_train_weights():
-  task = MathTask(sources=["tiny_arithmetic", "chain_sum"], weights=[3, 1], num_heldout=80)
+  task = MathTask(sources=["tiny_arithmetic", "chain_sum"], weights=[3, 1], num_validation=80)
   held = task.heldout_problems()
   assert {p.source for p in held} == {"tiny_arithmetic", "chain_sum"}
   train = task.train_problems(400, seed=0)
   share = sum(p.source == "tiny_arithmetic" for p in train) / 400
   assert 0.68 < share < 0.82
   check_disjoint(train, held)
-  with pytest.raises(ValueError, match="num_heldout"):
+  with pytest.raises(ValueError, match="num_validation"):
     task.heldout_problems(81)
+  with pytest.raises(ValueError, match="split must be one of"):
+    task.heldout_problems(1, split="train")
 
 
 # ------------------------------------------------------------------ JSONL
@@ -233,39 +247,44 @@ def test_empty_or_all_bad_jsonl_is_a_clear_error(tmp_path):
     load_jsonl(tmp_path / "nope.jsonl")
 
 
-def test_jsonl_task_heldout_file_and_hash_split(tmp_path):
+def test_jsonl_task_test_file_and_hash_split(tmp_path):
   rows = [{"question": f"What is {i} plus {i}?", "answer": f"{i}+{i}\n#### {2 * i}"}
           for i in range(40)]
   train_path = _write(tmp_path / "train.jsonl", rows)
-  # The held-out file repeats train row 5 with other case and spacing.
+  # The test file repeats train row 5 with other case and spacing.
   held_path = _write(tmp_path / "test.jsonl", [
       {"question": "WHAT is 5   plus 5?", "answer": "#### 10"},
       {"question": "What is 100 plus 100?", "answer": "#### 200"}])
-  task = MathTask(jsonl_files=[str(train_path)], heldout_jsonl_files=[str(held_path)])
-  held = task.heldout_problems()
-  assert [p.answer for p in held] == ["10", "200"]
+  task = MathTask(jsonl_files=[str(train_path)], test_jsonl_files=[str(held_path)],
+                  validation_fraction=0.01, test_fraction=0.01)
+  held = task.heldout_problems(split="test")
+  assert {"10", "200"} <= {p.answer for p in held}
   train = task.train_problems(500, seed=0)
   assert "What is 5 plus 5?" not in {p.prompt for p in train}
-  assert len({p.prompt for p in train}) == 39
+  assert len({p.prompt for p in train}) + len(held) - 1 + len(task.heldout_problems()) == 40
   check_disjoint(train, held)
 
   # Hash split; every row also appears shouted, and both copies must land on one side.
   dup_path = _write(tmp_path / "dup.jsonl",
                     rows + [dict(r, question=r["question"].upper()) for r in rows])
-  split = MathTask(jsonl_files=[str(dup_path)], heldout_fraction=0.5)
-  held = split.heldout_problems()
+  split = MathTask(jsonl_files=[str(dup_path)], validation_fraction=0.3, test_fraction=0.3)
+  held, test = split.heldout_problems(), split.heldout_problems(split="test")
   train = split.train_problems(2000, seed=0)
-  assert 5 <= len(held) <= 35  # held-out holds one copy of each question
-  assert len(held) + len({p.prompt.lower() for p in train}) == 40
+  assert 3 <= len(held) <= 21 and 3 <= len(test) <= 21  # one copy of each question
+  assert len(held) + len(test) + len({p.prompt.lower() for p in train}) == 40
   check_disjoint(train, held)
-  assert split.heldout_problems() == MathTask(jsonl_files=[str(dup_path)],
-                                              heldout_fraction=0.5).heldout_problems()
+  check_disjoint(train, test)
+  check_disjoint(held, test)
+  assert split.heldout_problems() == MathTask(
+      jsonl_files=[str(dup_path)], validation_fraction=0.3,
+      test_fraction=0.3).heldout_problems()
 
 
 def test_jsonl_scoring_uses_math_verify(tmp_path, pool):
   path = _write(tmp_path / "math.jsonl", [
       {"problem": f"Problem {i}", "solution": "\\boxed{\\frac{1}{2}}"} for i in range(4)])
-  task = MathTask(jsonl_files=[str(path)], heldout_fraction=0.0, verifier=pool)
+  task = MathTask(jsonl_files=[str(path)], validation_fraction=0.01, test_fraction=0.01,
+                  verifier=pool)
   p = task.train_problems(1, seed=0)[0]
   parts = task.score_many([p, p, p], ["<answer>0.5</answer>", "<answer>\\frac{1}{3}</answer>",
                                       "so \\boxed{1/2}"])

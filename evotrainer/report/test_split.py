@@ -1,0 +1,62 @@
+"""Test-split scores of a run's versions: read for reports only.
+
+A `branch` run writes its test figures to `versions/<id>/test_eval.json`, beside (never
+inside) the `branch_result.json` the controller reads; only the summary and the report
+read them back, through this module, after the controller's decisions. The evolution
+package never imports it (tests/evolution/test_test_split.py checks both).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+from typing import Mapping, Optional
+
+TEST_FILE = "test_eval.json"
+
+
+def read_test_scores(workdir: str | os.PathLike) -> dict:
+  """{version id: {'avg8', 'pass8', ..., 'per_problem'}} of every version in `workdir`
+  with a readable test evaluation (an unreadable file is skipped, never an error)."""
+  out = {}
+  for path in sorted(pathlib.Path(workdir).glob(f"versions/*/{TEST_FILE}")):
+    try:
+      data = json.loads(path.read_text())
+      out[data["version"]] = {**data["final"], "per_problem": data.get("per_problem", {})}
+    except (OSError, ValueError, KeyError, TypeError):
+      continue
+  return out
+
+
+def _avg(x: Optional[Mapping]) -> Optional[float]:
+  v = None if x is None else x.get("avg8")
+  return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+def attach_test(summary: dict, workdir: str | os.PathLike) -> dict:
+  """`summary` (the controller's) with each version's `test_avg8` beside its
+  `validation_avg8`, and `selection`: the incumbent's gain over the root on validation
+  and on test, and the selection gap (validation gain - test gain; > 0 = the validation
+  figures flatter the lineage)."""
+  test = read_test_scores(workdir)
+  versions = []
+  for v in summary.get("versions", []):
+    versions.append({**v, "validation_avg8": v.get("heldout_avg8"),
+                     "test_avg8": _avg(test.get(v["id"]))})
+  out = {**summary, "versions": versions, "split_reported": "test"}
+  by_id = {v["id"]: v for v in versions}
+  root = next((v for v in versions if v.get("parent") is None), None)
+  inc = by_id.get(summary.get("incumbent"))
+  if root and inc and None not in (root["validation_avg8"], inc["validation_avg8"],
+                                   root["test_avg8"], inc["test_avg8"]):
+    val_gain = inc["validation_avg8"] - root["validation_avg8"]
+    test_gain = inc["test_avg8"] - root["test_avg8"]
+    out["selection"] = {"root": root["id"], "incumbent": inc["id"],
+                        "validation_gain": val_gain, "test_gain": test_gain,
+                        "selection_gap": val_gain - test_gain}
+  return out
+
+
+__all__ = ["TEST_FILE", "attach_test", "read_test_scores"]

@@ -1,0 +1,200 @@
+"""Honest promotion: Holm's correction by hand, the point-estimate mutant, a family-wise
+correction that can reject, distinct failure verdicts, a suspect incumbent rolled back,
+and a controller that never reads the test split."""
+
+import ast
+import dataclasses
+import json
+import pathlib
+import random
+
+import pytest
+
+from evotrainer.evolution import stats
+from evotrainer.evolution.trainer import BranchResult
+from evotrainer.report.test_split import TEST_FILE, attach_test
+from tests.evolution.test_controller import PROBLEMS, ScriptedTrainer, make
+
+EVOLUTION = pathlib.Path(__file__).resolve().parents[2] / "evotrainer" / "evolution"
+
+
+def test_holm_by_hand():
+  # Sorted 0.01 <= 0.05/3 rejects; then 0.03 > 0.05/2 stops (0.04 is not reached).
+  assert stats.holm([0.01, 0.04, 0.03], 0.05) == [True, False, False]
+  assert stats.holm([0.02, 0.01], 0.05) == [True, True]  # 0.01 <= .025, 0.02 <= .05
+  assert stats.holm([0.03, 0.03], 0.05) == [False, False]  # 0.03 > 0.025
+  assert stats.holm([], 0.05) == []
+
+
+def test_paired_test_p_value_by_hand():
+  # Every difference is +1: no resample mean is <= 0, p = 1 / (n + 1).
+  t = stats.paired_test({"a": 1.0, "b": 1.0}, {"a": 0.0, "b": 0.0}, n=99, seed=0)
+  assert t["p"] == pytest.approx(0.01) and t["diff"] == 1.0 and t["problems"] == 2
+  # Every difference is 0: every resample mean is 0, p = (1 + n) / (n + 1) = 1.
+  assert stats.paired_test({"a": 0.5}, {"a": 0.5}, n=99)["p"] == 1.0
+
+
+class ShiftTrainer(ScriptedTrainer):
+  """Per-problem validation scores = the parent's + a fixed per-problem shift for the
+  bindings that match `shifts` (no jitter: the test controls the statistics exactly)."""
+
+  def __init__(self, shifts, base=None):
+    super().__init__({})
+    self.shifts = shifts
+    self.base = base or {p: 0.2 + 0.5 * (i % 10) / 10 for i, p in enumerate(PROBLEMS)}
+
+  def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
+    self.calls.append(version)
+    per = dict(self.base)
+    for b in bindings:
+      for key, shift in self.shifts.items():
+        if key in b:
+          per = {p: v + shift[p] for p, v in per.items()}
+    avg = sum(per.values()) / len(per)
+    return BranchResult(version=version, checkpoint=f"{workdir}/ckpt", final={"avg8": avg},
+                        initial={}, per_problem=per, series={"correct": [0.3] * 5,
+                                                             "reward": [0.3] * 5},
+                        rollouts="", steps=10, workdir=workdir)
+
+
+def _shift(gain_share: float, up: float, down: float) -> dict:
+  """+up on the first `gain_share` of problems, -down on the rest."""
+  k = int(len(PROBLEMS) * gain_share)
+  return {p: (up if i < k else -down) for i, p in enumerate(PROBLEMS)}
+
+
+def test_point_estimate_gain_inside_the_noise_is_not_kept(tmp_path):
+  """Kills the mutant that promotes on diff > 0: the only change has a positive mean
+  (+0.002) whose interval contains 0."""
+  shift = _shift(0.5, 0.05, 0.046)
+  assert sum(shift.values()) > 0
+  c, ledger, _ = make(tmp_path, {}, trainer=ShiftTrainer({"'rloo'": shift}),
+                      branches=1, proposer="random")
+  # Force the one proposal to be the estimator change.
+  c.space.knobs = [k for k in c.space.knobs if k.binding == "Harness.estimator"]
+  c.run()
+  v = ledger.version("v1.0")
+  assert v.heldout["diff"] > 0 and v.heldout["lo"] < 0 < v.heldout["hi"]
+  assert v.status == "rejected" and v.reason.startswith("not beyond noise")
+  assert v.heldout["verdict"] == "not_beyond_noise"
+  assert ledger.incumbent().id == "v0"
+
+
+def _borderline_shift(seed: int) -> dict:
+  """A shift whose one-sided bootstrap p lies between alpha/4 and alpha/2 (0.0125 and
+  0.025): beyond noise for one test, not after Holm over two."""
+  for down in [0.05 - 0.0005 * i for i in range(80)]:
+    shift = _shift(0.5, 0.05, down)
+    t = stats.paired_test({p: 0.5 + s for p, s in shift.items()},
+                          {p: 0.5 for p in PROBLEMS}, n=1000, seed=seed)
+    if 0.014 < t["p"] < 0.023 and t["lo"] > 0:
+      return shift
+  raise AssertionError("no borderline shift found")
+
+
+def test_holm_correction_rejects_borderline_gains_over_two_branches(tmp_path):
+  # The controller's bootstrap seed for generation 1 (Controller: seed * 7919 + gen).
+  shift = _borderline_shift(3 * 7919 + 1)
+  effects = {"'rloo'": shift, "2e-05": shift}
+  two, ledger, _ = make(tmp_path, {}, name="two", trainer=ShiftTrainer(effects), branches=2)
+  two.space.knobs = [k for k in two.space.knobs
+                     if k.binding in ("Harness.estimator", "Learner.learning_rate")]
+  two.run()
+  rows = [ledger.version(v) for v in ("v1.0", "v1.1")]
+  assert all(v.heldout["lo"] > 0 for v in rows)  # each beyond noise on its own
+  assert all(v.status == "rejected" and v.heldout["verdict"] == "not_beyond_noise_corrected"
+             for v in rows)
+  assert "Holm" in rows[0].reason and ledger.incumbent().id == "v0"
+  # The same gain as the only branch of its generation is kept.
+  one, ledger1, _ = make(tmp_path, {}, name="one", trainer=ShiftTrainer(effects), branches=1)
+  one.space.knobs = [k for k in one.space.knobs if k.binding == "Harness.estimator"]
+  one.run()
+  assert ledger1.version("v1.0").status == "kept" and ledger1.incumbent().id == "v1.0"
+
+
+class PoisonedIncumbentTrainer(ScriptedTrainer):
+  """Children of a generation-1 version collapse whatever they change."""
+
+  def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
+    r = super().train(version=version, parent_checkpoint=parent_checkpoint,
+                      bindings=bindings, seed=seed, workdir=workdir)
+    if parent_checkpoint and "/v1." in parent_checkpoint:
+      per = {p: v * 0.2 for p, v in r.per_problem.items()}
+      r = dataclasses.replace(r, per_problem=per,
+                              final={"avg8": sum(per.values()) / len(per)})
+    return r
+
+
+def test_collapsing_children_demote_the_incumbent_and_say_so(tmp_path):
+  effects = {"'rloo'": {"delta": 0.2}, "2e-05": {"delta": 0.2}, "'hack'": {"delta": 0.2},
+             "train.group_size": {"delta": 0.2}}
+  c, ledger, _ = make(tmp_path, {}, trainer=PoisonedIncumbentTrainer(effects), branches=2,
+                      generations=2)
+  c.run()
+  kept = [d.version_id for d in ledger.decisions() if d.outcome == "success"]
+  assert len(kept) == 1 and kept[0].startswith("v1.")
+  v1 = ledger.version(kept[0])
+  gen2 = [v for v in ledger.versions() if v.id.startswith("v2.")]
+  assert len(gen2) == 2
+  for v in gen2:
+    assert v.heldout["verdict"] == "collapsed" and v.reason.startswith("collapsed")
+  assert v1.status == "rejected" and v1.reason.startswith("unstable: 2 of 2")
+  assert ledger.incumbent().id == "v0"
+  d = [d for d in ledger.decisions() if d.id == "g2-suspect"]
+  assert d and d[0].outcome == "failure"
+  s = json.loads((tmp_path / "run" / "summary.json").read_text())
+  verdicts = {v["id"]: v["verdict"] for v in s["versions"]}
+  assert all(verdicts[v.id] == "collapsed" for v in gen2)
+
+
+class PoisonedTestTrainer(ScriptedTrainer):
+  """Also writes a test evaluation that ranks the branches the other way round."""
+
+  def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
+    r = super().train(version=version, parent_checkpoint=parent_checkpoint,
+                      bindings=bindings, seed=seed, workdir=workdir)
+    pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
+    test_avg = 1.0 - r.final["avg8"]  # poisoned: if read, it would flip every decision
+    (pathlib.Path(workdir) / TEST_FILE).write_text(json.dumps(
+        {"version": version, "final": {"avg8": test_avg}, "per_problem": {}}))
+    return r
+
+
+def test_the_controller_never_reads_the_test_split(tmp_path):
+  effects = {"'rloo'": {"delta": 0.2}, "2e-05": {"delta": -0.2}}
+  c, ledger, _ = make(tmp_path, effects, trainer=PoisonedTestTrainer(effects), branches=5)
+  c.run()
+  # Decisions follow validation (rloo kept) although test says the opposite.
+  inc = ledger.incumbent()
+  assert inc.bindings == {"Harness.estimator": "rloo"}
+  # The summary shows both splits side by side, and the selection gap by hand.
+  s = json.loads((tmp_path / "run" / "summary.json").read_text())
+  by = {v["id"]: v for v in s["versions"]}
+  root, best = by["v0"], by[inc.id]
+  assert best["test_avg8"] == pytest.approx(1 - best["validation_avg8"])
+  val_gain = best["validation_avg8"] - root["validation_avg8"]
+  test_gain = best["test_avg8"] - root["test_avg8"]
+  assert s["selection"]["selection_gap"] == pytest.approx(val_gain - test_gain)
+  assert s["selection"]["selection_gap"] == pytest.approx(2 * val_gain)
+  # By construction: what a trainer returns has no test field, and no module of the
+  # evolution package names the test file or imports the test reader, except the one
+  # line of the summary writer that joins test scores after the decisions.
+  assert not any("test" in f.name for f in dataclasses.fields(BranchResult))
+  for path in EVOLUTION.glob("*.py"):
+    text = path.read_text()
+    assert "test_eval" not in text and TEST_FILE not in text, path
+    tree = ast.parse(text)
+    users = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+             and n.module == "evotrainer.report.test_split"]
+    if path.name == "controller.py":
+      fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                and n.name == "write_summary")
+      assert len(users) == 1 and users[0] in list(ast.walk(fn))
+    else:
+      assert not users, path
+
+
+def test_attach_test_without_test_files_reports_none():
+  s = attach_test({"versions": [{"id": "v0", "parent": None, "heldout_avg8": 0.5}],
+                   "incumbent": "v0"}, "/nonexistent")
+  assert s["versions"][0]["test_avg8"] is None and "selection" not in s
