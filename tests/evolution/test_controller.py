@@ -340,7 +340,8 @@ def test_resume_after_generations_equals_uninterrupted(tmp_path):
                      branches=3, generations=4)
   again.run()
   assert lineage(lp2) == lineage(lf)
-  assert len(lf.versions()) == 1 + 4 * 3
+  # Every generation trains branches (a rolled-back incumbent may have fewer left).
+  assert 1 + 4 * 2 <= len(lf.versions()) <= 1 + 4 * 3
   assert not set(t1.calls) & set(t2.calls)  # nothing trained twice
   assert lf.get_meta("controller/generation") == 4
 
