@@ -267,10 +267,15 @@ def test_evaluation(rollout, params, task, eval_config=None) -> tuple[dict, dict
   problems = task.heldout_problems(cfg.num_test, split="test")
   figures, episodes = evaluate(rollout, params, problems, cfg, cfg.key(), split="test",
                                num_problems=len(problems))
-  per_problem: dict = {}
+  return figures, _per_problem(episodes)
+
+
+def _per_problem(episodes) -> dict:
+  """{task_id: mean correctness over its samples}: what a paired comparison reads."""
+  out: dict = {}
   for ep in episodes:
-    per_problem.setdefault(ep.task_id, []).append(float(ep.reward_parts.get("correct", 0.0)))
-  return figures, {k: sum(v) / len(v) for k, v in sorted(per_problem.items())}
+    out.setdefault(ep.task_id, []).append(float(ep.reward_parts.get("correct", 0.0)))
+  return {k: sum(v) / len(v) for k, v in sorted(out.items())}
 
 
 def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
@@ -325,13 +330,8 @@ def _exploit_recovery(task, tok, num_problems: int = 64) -> float:
 def _branch_result(workdir, version, out, model_dir, store) -> dict:
   """What the controller reads back: held-out figures with the per-problem scores a
   paired bootstrap needs, the training series (BC and proxy reward per step), paths."""
-  import numpy as np
-
   steps = store.steps(version, "heldout")
   final = store.read(version=version, step=steps[-1], split="heldout") if steps else []
-  per_problem: dict = {}
-  for ep in final:
-    per_problem.setdefault(ep.task_id, []).append(float(ep.reward_parts.get("correct", 0.0)))
   series: dict = {"correct": [], "reward": []}
   metrics_path = pathlib.Path(workdir) / "metrics.jsonl"
   if metrics_path.exists():
@@ -343,5 +343,5 @@ def _branch_result(workdir, version, out, model_dir, store) -> dict:
   return {"version": version, "steps": out["steps"], "initial": out["initial"],
           "final": out["final"], "checkpoint": model_dir,
           "rollouts": str(pathlib.Path(workdir) / "rollouts"),
-          "per_problem": {k: float(np.mean(v)) for k, v in sorted(per_problem.items())},
+          "per_problem": _per_problem(final),
           "series": series}
