@@ -11,6 +11,7 @@ from flax import nnx
 
 from evotrainer.evolution.ledger import Ledger
 from evotrainer.model import ModelConfig, Transformer
+from evotrainer.rollouts.store import RolloutStore
 from evotrainer.tasks.math import MathTask
 from evotrainer.tokenizers import SentencePieceTokenizer
 from evotrainer.train import EvalConfig, train
@@ -147,6 +148,17 @@ def test_evolve_mode_end_to_end(tmp_path):
                                                  "branch.log").read_text()
   report = (workdir / "report.html").read_text()
   assert "v1.0" in report and "<svg" in report
+  # The test split: scored beside each branch result (never in it), joined to the
+  # summary with the selection gap, and disjoint from validation and training problems.
+  test = json.loads((workdir / "versions" / "v1.0" / "test_eval.json").read_text())
+  assert len(test["per_problem"]) == 8 and "avg8" not in branch.get("test", {})
+  assert not set(test["per_problem"]) & set(branch["per_problem"])
+  trained = {e.task_id for e in RolloutStore(workdir / "versions" / "v1.0" / "rollouts")
+             .read(version="v1.0", split="train")}
+  assert trained and not set(test["per_problem"]) & trained
+  # k = 2 under tiny.gin: the figure is the mean per-problem score (= avg2).
+  assert versions["v1.0"]["test_avg8"] == pytest.approx(test["final"]["avg2"])
+  assert "validation_avg8" in versions["v0"] and summary["split_reported"] == "test"
   # A harness-side intervention was replayed on v0's stored rollouts before training.
   with Ledger(workdir / "ledger.sqlite") as ledger:
     decision = next(d for d in ledger.decisions() if d.version_id == "v1.0")

@@ -31,7 +31,13 @@ def read_test_scores(workdir: str | os.PathLike) -> dict:
 
 
 def _avg(x: Optional[Mapping]) -> Optional[float]:
-  v = None if x is None else x.get("avg8")
+  """Avg@8, or the mean per-problem score when the evaluation used another k (as the
+  controller's validation figure does)."""
+  if x is None:
+    return None
+  v = x.get("avg8")
+  if v is None and x.get("per_problem"):
+    v = sum(x["per_problem"].values()) / len(x["per_problem"])
   return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
