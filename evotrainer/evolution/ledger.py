@@ -12,6 +12,11 @@ Tables (schema `SCHEMA_VERSION`):
   skills_used       which skill proposed which version, and how it turned out
   meta              schema version, the incumbent, and the controller's own keys
 
+Paths (a version's checkpoint, its branch result's checkpoint / rollouts / workdir) are
+stored relative to the ledger's directory when inside it and read back absolute, so a
+run directory that was moved resumes; an absolute path from an older ledger that no
+longer exists is looked for by its `versions/...` tail (`resolve`).
+
 Crash safety: WAL journal with `synchronous=FULL`, and every write inside a transaction,
 so a kill -9 at any moment leaves the last committed state. Resume safety: every `add_*`
 is idempotent by id — re-adding a record with the same content is a no-op, with other
@@ -29,6 +34,7 @@ ledger_table.py the printable lineage table. Their public names are re-exported 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sqlite3
@@ -45,6 +51,10 @@ from evotrainer.evolution.ledger_records import (ATTEMPT_STATUSES, GOOD, OUTCOME
 from evotrainer.evolution.ledger_table import lineage_table
 
 _RESERVED_META = ("schema_version", "incumbent", "incumbent_seq", "clock")
+# How long a write waits for another process's write transaction before a LedgerError
+# naming the holder (one run's controller is the only writer; a wait means a stranger).
+BUSY_TIMEOUT_S = 10.0
+_PATH_KEYS = ("checkpoint", "rollouts", "workdir")  # paths in a version's metrics['result']
 
 
 class LedgerError(RuntimeError):
@@ -67,13 +77,14 @@ class Ledger:
 
   def __init__(self, path: str | os.PathLike):
     self.path = os.fspath(path)
+    self.root = os.path.dirname(os.path.abspath(self.path))  # paths are stored relative to it
     self._lock = threading.RLock()
     self._depth = 0
     existing = (os.path.exists(self.path) and os.path.getsize(self.path) > 0
                 and self._check_existing())
     os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
     self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                                 timeout=60.0)
+                                 timeout=BUSY_TIMEOUT_S)
     self._conn.row_factory = sqlite3.Row
     mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
     if str(mode).lower() != "wal":
@@ -127,6 +138,22 @@ class Ledger:
   def __exit__(self, *exc) -> None:
     self.close()
 
+  def _begin(self) -> None:
+    """BEGIN IMMEDIATE, or a LedgerError naming who holds the ledger after BUSY_TIMEOUT_S."""
+    try:
+      self._conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as e:
+      if "locked" not in str(e) and "busy" not in str(e):
+        raise
+      from evotrainer.workdir import holder
+      h = holder(self.root)
+      who = (f"pid {h.get('pid')} on host {h.get('host')}" if h else
+             "another process (no EvoTrainer run holds the workdir: an sqlite3 shell or a "
+             "copy tool?)")
+      raise LedgerError(f"ledger {self.path} is locked for writing by {who}; waited "
+                        f"{BUSY_TIMEOUT_S:.0f}s: stop that process or wait for it, then "
+                        f"relaunch") from None
+
   @contextlib.contextmanager
   def transaction(self) -> Iterator["Ledger"]:
     """All writes inside commit together or not at all (nested: a savepoint)."""
@@ -146,7 +173,7 @@ class Ledger:
         finally:
           self._depth -= 1
         return
-      self._conn.execute("BEGIN IMMEDIATE")
+      self._begin()
       self._depth = 1
       try:
         yield self
@@ -158,6 +185,62 @@ class Ledger:
       finally:
         self._depth = 0
 
+  # ---------------------------------------------------------------- paths
+
+  def relative(self, path: Optional[str]) -> Optional[str]:
+    """How a path is stored: relative to the ledger's directory when inside it (so a moved
+    run directory still resolves), else absolute."""
+    if not path:
+      return path
+    full = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    rel = os.path.relpath(full, self.root)
+    return full if rel == ".." or rel.startswith(".." + os.sep) else rel
+
+  def resolve(self, path: Optional[str]) -> Optional[str]:
+    """An absolute path for a stored one. An absolute path written by a ledger before
+    relative paths (or in a run directory since moved) that no longer exists is looked
+    for under this directory by its `versions/...` tail."""
+    if not path:
+      return path
+    if not os.path.isabs(path):
+      return os.path.join(self.root, path)
+    if not os.path.exists(path):
+      parts = path.split(os.sep)
+      for i in range(len(parts) - 2, -1, -1):
+        if parts[i] == "versions":
+          moved = os.path.join(self.root, *parts[i:])
+          if os.path.exists(moved):
+            return moved
+          break
+    return path
+
+  def _paths(self, metrics: Optional[Mapping], how) -> Optional[Mapping]:
+    """`metrics` with the paths of its stored branch result ('result') mapped by `how`."""
+    if not metrics or not isinstance(metrics.get("result"), Mapping):
+      return metrics
+    result = dict(metrics["result"])
+    for k in _PATH_KEYS:
+      if isinstance(result.get(k), str):
+        result[k] = how(result[k])
+    return {**metrics, "result": result}
+
+  def _record(self, row) -> VersionRecord:
+    v = as_record(VersionRecord, row)
+    return dataclasses.replace(v, checkpoint=self.resolve(v.checkpoint),
+                               metrics=self._paths(v.metrics, self.resolve))
+
+  def anchor_paths(self, base: str | os.PathLike) -> None:
+    """Makes every stored relative path absolute against `base` (the directory of the
+    ledger this one was copied from: its checkpoints stay there)."""
+    base = os.path.abspath(os.fspath(base))
+    absolute = lambda p: p if os.path.isabs(p) else os.path.join(base, p)
+    with self.transaction():
+      for row in self._select("versions"):
+        metrics = self._paths(json.loads(row["metrics"]), absolute)
+        self._conn.execute("UPDATE versions SET checkpoint=?, metrics=? WHERE id=?",
+                           (row["checkpoint"] and absolute(row["checkpoint"]), dumps(metrics),
+                            row["id"]))
+
   # ---------------------------------------------------------------- meta
 
   def _put_meta(self, key: str, value: Any) -> None:
@@ -168,6 +251,12 @@ class Ledger:
     """A JSON value stored under `key` (the controller's own state, e.g. an rng seed)."""
     rows = self._q("SELECT value FROM meta WHERE key=?", (key,))
     return default if not rows else json.loads(rows[0][0])
+
+  def meta_items(self, prefix: str) -> dict:
+    """{key: JSON value} of the meta keys starting with `prefix`."""
+    rows = self._q("SELECT key, value FROM meta WHERE substr(key, 1, ?) = ? ORDER BY key",
+                   (len(prefix), prefix))
+    return {k: json.loads(v) for k, v in rows}
 
   def set_meta(self, key: str, value: Any) -> None:
     if key in _RESERVED_META:
@@ -284,7 +373,7 @@ class Ledger:
           "versions", {"id": id},
           {"parent": parent, "bindings": dumps(dict(bindings)), "gin": gin,
            "created_step": int(created_step), "harness_version": harness_version},
-          {"checkpoint": checkpoint},
+          {"checkpoint": self.relative(checkpoint)},
           {"created_time": time.time(), "status": status, "reason": reason})
       if inserted and status != "running":
         self._conn.execute("UPDATE versions SET decided_seq=? WHERE id=?", (self._tick(), id))
@@ -293,8 +382,8 @@ class Ledger:
                      metrics: Optional[Mapping] = None, heldout: Optional[Mapping] = None,
                      gin: Optional[str] = None) -> None:
     """Sets the given fields (whole values: `metrics` replaces the stored dict)."""
-    cols = {"checkpoint": checkpoint, "gin": gin,
-            "metrics": None if metrics is None else dumps(metrics),
+    cols = {"checkpoint": self.relative(checkpoint), "gin": gin,
+            "metrics": None if metrics is None else dumps(self._paths(metrics, self.relative)),
             "heldout": None if heldout is None else dumps(heldout)}
     cols = {c: v for c, v in cols.items() if v is not None}
     if cols:
@@ -345,14 +434,14 @@ class Ledger:
     row = self._row("versions", {"id": id})
     if row is None:
       raise LedgerError(f"version {id!r} is not in the ledger")
-    return as_record(VersionRecord, row)
+    return self._record(row)
 
   def has_version(self, id: str) -> bool:
     return self._row("versions", {"id": id}) is not None
 
   def versions(self, status: Optional[str] = None) -> list:
     """Versions in creation order, optionally only those with `status`."""
-    return [as_record(VersionRecord, r) for r in self._select("versions", status=status)]
+    return [self._record(r) for r in self._select("versions", status=status)]
 
   def lineage(self, id: str) -> list:
     """[version, parent, ..., root]: the path from `id` to the root."""
@@ -368,7 +457,7 @@ class Ledger:
     return out
 
   def children(self, id: str) -> list:
-    return [as_record(VersionRecord, r) for r in self._select("versions", parent=id)]
+    return [self._record(r) for r in self._select("versions", parent=id)]
 
   def incumbent(self) -> Optional[VersionRecord]:
     """The current best kept version (set by `promote`, rolled back by demotions)."""

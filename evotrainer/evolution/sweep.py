@@ -146,6 +146,7 @@ def start_from(source: str | os.PathLike, workdir: str | os.PathLike) -> bool:
   d.close()
   os.replace(tmp, dst)
   with Ledger(dst) as ledger:
+    ledger.anchor_paths(source)  # the source's checkpoints stay in the source
     ledger.set_meta("resumed_from", os.path.abspath(source))
   return True
 
