@@ -47,6 +47,7 @@ import re
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from evotrainer import infra
 from evotrainer.evolution.backtest import harness_backtester, is_harness_side
 from evotrainer.evolution.escalation import (Escalation, EvaluationPipelineError,
                                              no_eval_check)
@@ -153,6 +154,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     self._t0 = time.time()
     self.show_progress = progress
     self.progress = Progress(0, enabled=False)
+    self._infra_failed: dict = {}  # {version: InfraFailure} of this launch (infra.py)
 
   # ---------------------------------------------------------------- the loop
 
@@ -196,6 +198,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
                         f"{plan['parent']}" + (f", {len(plan['dropped'])} dropped by their "
                                                f"backtest" if plan["dropped"] else ""))
     results = {b["version"]: self._train(b, plan) for b in plan["branches"]}
+    infra.settle_generation(self.ledger, gen, plan["branches"], results, self._infra_failed)
     if not self.ledger.get_meta(f"controller/evaluated/{gen}"):
       self._evaluate(gen, plan, results)
     if not self.ledger.get_meta(f"controller/harness_done/{gen}"):
@@ -217,9 +220,15 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     if "result" not in root.metrics:
       self.progress.training(ROOT, "the root" + (f" from {checkpoint}" if checkpoint else ""))
       start = time.time()
-      r = self.trainer.train(version=ROOT, parent_checkpoint=checkpoint,
-                             bindings=list(bindings), seed=self._train_seed(0),
-                             workdir=str(self._vdir(ROOT)))
+      try:
+        r = infra.train_with_retry(lambda: self.trainer.train(
+            version=ROOT, parent_checkpoint=checkpoint, bindings=list(bindings),
+            seed=self._train_seed(0), workdir=str(self._vdir(ROOT))),
+            on_retry=lambda f: self._infra_retry(ROOT, f))
+      except infra.InfraFailure as f:
+        infra.record(self.ledger, ROOT, f)
+        raise infra.InfrastructureError(f"the root version could not train: {f}; fix the "
+                                        f"cause and relaunch the same command") from f
       self._store_result(ROOT, r)
       self.progress.trained(ROOT, f"trained in {time.time() - start:.0f}s: held-out avg8 "
                                   f"{_avg8(r):.4f}")
@@ -227,6 +236,11 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
       self.ledger.promote(ROOT, reason=reason)
 
   # ---------------------------------------------------------------- helpers
+
+  def _infra_retry(self, vid: str, f: "infra.InfraFailure") -> None:
+    infra.record(self.ledger, vid, f)
+    self.progress.say(f"{vid}: infrastructure failure ({f.kind}), retrying once: "
+                      f"{f.message.splitlines()[0][:200]}")
 
   def _vdir(self, vid: str) -> pathlib.Path:
     return self.workdir / "versions" / vid
@@ -386,9 +400,19 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     self.progress.training(vid, f"{what or 'branch'} (from {parent})")
     start = time.time()
     try:
-      r = self.trainer.train(version=vid, parent_checkpoint=self.ledger.version(parent).checkpoint,
-                             bindings=self._gin(values()), seed=seed,
-                             workdir=str(self._vdir(vid)))
+      r = infra.train_with_retry(lambda: self.trainer.train(
+          version=vid, parent_checkpoint=self.ledger.version(parent).checkpoint,
+          bindings=self._gin(values()), seed=seed, workdir=str(self._vdir(vid))),
+          on_retry=lambda f: self._infra_retry(vid, f))
+    except infra.InfraFailure as f:  # not evidence: the version stays untried (infra.py)
+      with self.ledger.transaction():
+        self.ledger.finish_attempt(aid, "failed")
+        infra.record(self.ledger, vid, f)
+        self.ledger.update_decision(did, why=f"not trained: infrastructure failure ({f.kind})")
+      self._infra_failed[vid] = f
+      self.progress.trained(vid, f"could not train (infrastructure, {f.kind}): "
+                                 f"{f.message.splitlines()[0][:200]}")
+      return None
     except Exception as e:  # pylint: disable=broad-except  (one branch, not the run)
       reason = f"training failed: {type(e).__name__}: {str(e)[:300]}"
       with self.ledger.transaction():
@@ -588,7 +612,9 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     wall = self.ledger.get_meta("controller/wall_s", 0.0) + time.time() - self._t0
     return {"mode": "evolve", "wall_s": round(wall, 3), "incumbent": inc and inc.id,
             "generations": self.ledger.get_meta("controller/generation", 0),
-            "harness": self.ledger.get_meta("controller/harness"), "versions": versions}
+            "harness": self.ledger.get_meta("controller/harness"), "versions": versions,
+            # Apart from the verdicts: attempts that could not train say nothing (infra.py).
+            "infrastructure_failures": infra.failures(self.ledger)}
 
   def write_summary(self, extra: Optional[Mapping] = None) -> pathlib.Path:
     """summary.json (`summary()` updated with `extra`), and report.html regenerated beside

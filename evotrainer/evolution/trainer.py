@@ -63,7 +63,14 @@ def last_error(log: str) -> str:
 
 
 class BranchFailed(RuntimeError):
-  """A branch's training process failed; the message holds the tail of its log."""
+  """A branch's training process failed; the message holds the tail of its log.
+
+  Attributes: `rc` (the exit code, negative for a signal, or 'timeout') and `log_tail`
+  (what infra.py classifies the failure by)."""
+
+  def __init__(self, message: str, rc=None, log_tail: str = ""):
+    super().__init__(message)
+    self.rc, self.log_tail = rc, log_tail
 
 
 class SubprocessTrainer:
@@ -75,11 +82,13 @@ class SubprocessTrainer:
     imports: modules for `--import`.
     timeout_s: wall-clock limit of one branch.
     env: extra environment variables for the child.
+    flags: extra launch flags for the child (the parent's `--new_segment`).
   """
 
   def __init__(self, gin_files: Sequence[str], bindings: Sequence[str] = (),
                imports: Sequence[str] = (), timeout_s: float = 3600,
-               env: Optional[dict] = None):
+               env: Optional[dict] = None, flags: Sequence[str] = ()):
+    self.flags = list(flags)
     self.gin_files = list(gin_files)
     self.bindings = list(bindings)
     self.imports = list(imports)
@@ -90,7 +99,7 @@ class SubprocessTrainer:
               bindings: Sequence[str], seed: int, workdir: str) -> list[str]:
     cmd = [sys.executable, "-m", "evotrainer.launch", f"--workdir={workdir}"]
     cmd += [f"--gin_file={f}" for f in self.gin_files]
-    cmd += [f"--import={m}" for m in self.imports]
+    cmd += [f"--import={m}" for m in self.imports] + self.flags
     own = ["run.mode = 'branch'", f"run.seed = {int(seed)}",
            f"branch.version = {json.dumps(version)}",
            f"branch.parent = {json.dumps(parent_checkpoint) if parent_checkpoint else 'None'}"]
@@ -119,5 +128,5 @@ class SubprocessTrainer:
     if rc != 0 or not path.exists():
       tail = log_path.read_text(errors="replace")[-3000:]
       raise BranchFailed(f"branch {version} failed ({rc}) after {time.time() - start:.0f}s: "
-                         f"{last_error(tail)}; log {log_path}:\n{tail}")
+                         f"{last_error(tail)}; log {log_path}:\n{tail}", rc=rc, log_tail=tail)
     return BranchResult.from_json(json.loads(path.read_text()), workdir)

@@ -428,6 +428,17 @@ def _overview(versions: Sequence[VersionRecord], test: Mapping[str, Mapping]) ->
                    height=260, points=True)
 
 
+def _infra(rows: Mapping[str, list]) -> str:
+  """Training attempts that failed for infrastructure reasons (evotrainer/infra.py)."""
+  out = ["<table><tr><th>version</th><th>attempt</th><th>kind</th><th>message</th></tr>"]
+  for key, failures in rows.items():
+    for i, f in enumerate(failures):
+      out.append(f"<tr><td><code>{_e(key.rsplit('/', 1)[-1])}</code></td><td>{i + 1}</td>"
+                 f"<td>{_e(str(f.get('kind', '')))}</td>"
+                 f"<td>{_e(str(f.get('message', ''))[:300])}</td></tr>")
+  return "".join(out) + "</table>"
+
+
 # ------------------------------------------------------------------ entry point
 
 
@@ -450,6 +461,9 @@ def render_html(workdir: str | os.PathLike, ledger: Ledger) -> str:
               ("Findings", _findings(ledger, versions, workdir)),
               ("Decision records", _decisions(ledger)),
               ("Skills", _skills(ledger, workdir))]
+  infra_rows = ledger.meta_items("controller/infra/")
+  if infra_rows:  # apart from the verdicts: these attempts say nothing about their change
+    sections.insert(3, ("Infrastructure failures (not evidence)", _infra(infra_rows)))
   return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
           f"<title>EvoTrainer report: {_e(workdir.name)}</title><style>{_CSS}</style>"
           "</head><body><h1>EvoTrainer run report</h1>" +
