@@ -10,11 +10,20 @@ Flags:
   --sweep_file          the sweep file of run.mode='sweep' (sets `sweep.file`).
   --resume_from         start from the ledger and skills of an earlier sweep or evolution
                         workdir (sets `evolve.resume_from`).
-  --approve             with --workdir only: approve the gate a human-gated run
-                        (`evolve.human_gated = True`) is waiting at, and exit.
+  --approve=GATE        with --workdir only: approve the gate GATE (diagnosis, design,
+                        backtest, verification) a human-gated run is waiting at, and exit;
+                        refused when another gate (or none) waits.
+  --new_segment         accept a relaunch whose configuration differs from the workdir's
+                        run (else refused with the differences), recorded as a new segment.
+  --verbose             print the traceback of a known failure (always in error.log).
   --coordinator_address, --num_processes, --process_id
                         multi-host set-up (else the EVO_* environment variables; on a TPU
                         VM pod set EVO_TPU_POD=1 and nothing else).
+
+Known failures (configuration, data, checkpoint, ledger, disk, permissions, memory,
+workdir lock or fingerprint) end with one line `error (<kind>): ...` and exit code 2.
+The workdir is locked for the run's life (a second process stops naming the holder) and
+its configuration fingerprinted (evotrainer/workdir.py).
 
 Modes (`run.mode`):
   sample   build the policy (tiny model from scratch or a local HF checkpoint), sample
@@ -39,48 +48,124 @@ flags.DEFINE_string("workdir", None, "run directory (default runs/<gin file stem
 flags.DEFINE_string("sweep_file", None, "sweep file of run.mode='sweep' (sweep.file).")
 flags.DEFINE_string("resume_from", None, "an earlier sweep/evolution workdir to start from "
                     "(evolve.resume_from).")
-flags.DEFINE_bool("approve", False, "approve the gate the human-gated run in --workdir "
-                  "waits at, and exit.")
+flags.DEFINE_string("approve", None, "GATE: approve the gate the human-gated run in "
+                    "--workdir waits at (its name, e.g. 'design', as gate.json and the run's "
+                    "message say), and exit; a gate other than the waiting one is refused.")
+flags.DEFINE_bool("new_segment", False, "accept a relaunch whose configuration differs "
+                  "from the run in --workdir, recording the change as a new segment.")
+flags.DEFINE_bool("verbose", False, "print the full traceback of a known failure (it is "
+                  "always written to <workdir>/error.log).")
 flags.DEFINE_string("coordinator_address", None, "multi-host coordinator host:port.")
 flags.DEFINE_integer("num_processes", None, "multi-host process count.")
 flags.DEFINE_integer("process_id", None, "multi-host id of this process.")
+
+# Which flags each run mode reads; any other given flag is an error in that mode.
+_MODE_FLAGS = {"sweep": {"sweep_file", "resume_from", "new_segment"},
+               "evolve": {"resume_from", "new_segment"},
+               "train": {"new_segment"}, "branch": {"new_segment"},
+               "ledger": set(), "sample": set()}
+
+
+def _fail(kind: str, message: str) -> None:
+  """Prints a known failure as `error (<kind>): message` and exits with code 2."""
+  from evotrainer.errors import EXIT_KNOWN
+  print(f"error ({kind}): {message}", file=sys.stderr, flush=True)
+  sys.exit(EXIT_KNOWN)
+
+
+def _mode() -> str:
+  import gin
+  try:
+    return gin.query_parameter("run.mode")
+  except ValueError:
+    return "train"  # run()'s default
+
+
+def _check_flags(mode: str, workdir: str) -> None:
+  """Flags a mode does not read are errors; so is --resume_from into another run."""
+  given = {"sweep_file": FLAGS.sweep_file, "resume_from": FLAGS.resume_from,
+           "new_segment": FLAGS.new_segment}
+  unused = [f"--{k}" for k, v in given.items() if v and k not in _MODE_FLAGS.get(mode, ())]
+  if unused:
+    _fail("config", f"{', '.join(unused)} is not used by run.mode='{mode}'; drop it (or set "
+                    f"run.mode: --sweep_file is for 'sweep', --resume_from for 'evolve' "
+                    f"and 'sweep')")
+  ledger = pathlib.Path(workdir) / "ledger.sqlite"
+  if mode == "ledger" and not ledger.is_file():
+    _fail("config", f"run.mode='ledger': no ledger in {workdir} ({ledger} does not exist); "
+                    f"check --workdir")
+  if FLAGS.resume_from and ledger.is_file():
+    from evotrainer.evolution.ledger import Ledger
+    with Ledger(ledger) as led:
+      source = led.get_meta("resumed_from")
+    if source != os.path.abspath(FLAGS.resume_from):
+      _fail("config", f"--resume_from={FLAGS.resume_from}: {workdir} already holds a run "
+                      f"(its own ledger{', started from ' + source if source else ''}); "
+                      f"--resume_from only starts a new workdir: drop the flag to continue "
+                      f"this run, or use a new --workdir")
+
+
+def _approve() -> None:
+  from evotrainer.evolution.controller import GateError, approve_gate
+  if not FLAGS.workdir:
+    raise app.UsageError("--approve needs --workdir (the run that waits)")
+  try:
+    print(approve_gate(FLAGS.workdir, FLAGS.approve))
+  except GateError as e:
+    _fail("gate", f"approve: {e}")
 
 
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.getLogger().setLevel(logging.WARNING)
-  if FLAGS.approve:
-    from evotrainer.evolution.controller import GateError, approve_gate
-    if not FLAGS.workdir:
-      raise app.UsageError("--approve needs --workdir (the run that waits)")
-    try:
-      print(approve_gate(FLAGS.workdir))
-    except GateError as e:
-      sys.exit(f"approve: {e}")
+  if FLAGS.approve is not None:
+    _approve()
     return
   from evotrainer import config as config_lib
-  from evotrainer.run import run
-  from evotrainer.sharding.mesh import initialize_distributed
+  from evotrainer import errors, workdir as workdir_lib
 
   config_lib.LAUNCH.update(gin_files=list(FLAGS.gin_file),
                            gin_bindings=list(FLAGS.gin_bindings),
                            gin_search_paths=list(FLAGS.gin_search_paths),
-                           imports=list(FLAGS["import"].value))
+                           imports=list(FLAGS["import"].value),
+                           flags=["--new_segment"] if FLAGS.new_segment else [])
   try:
     config_lib.import_modules(FLAGS["import"].value)
     own = [f"sweep.file = {FLAGS.sweep_file!r}"] if FLAGS.sweep_file else []
     own += [f"evolve.resume_from = {FLAGS.resume_from!r}"] if FLAGS.resume_from else []
     config_lib.parse(FLAGS.gin_file, [*FLAGS.gin_bindings, *own], FLAGS.gin_search_paths)
   except config_lib.ConfigError as e:
-    sys.exit(f"configuration error: {e}")
-  initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    _fail("config", f"configuration error: {e}")
   workdir = FLAGS.workdir or os.path.join("runs", pathlib.Path(FLAGS.gin_file[-1]).stem)
-  from evotrainer.evolution.sweep_file import SweepError
+  mode = _mode()
+  _check_flags(mode, workdir)
+  lock = None
   try:
+    from evotrainer.run import run
+    from evotrainer.sharding.mesh import initialize_distributed
+    multi = initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
+                                   FLAGS.process_id)
+    primary = not multi or __import__("jax").process_index() == 0
+    if mode != "ledger" and primary:  # one process per workdir; readers need no lock
+      lock = workdir_lib.WorkdirLock(workdir).acquire()
+      if mode in ("train", "branch", "evolve", "sweep"):
+        workdir_lib.check_fingerprint(workdir, new_segment=FLAGS.new_segment)
     run(workdir)
-  except SweepError as e:
-    sys.exit(f"sweep error: {e}")
+  except Exception as e:  # pylint: disable=broad-except  (known failures: one line)
+    known = errors.explain(e)
+    if known is None:
+      raise
+    where = (errors.write_traceback(pathlib.Path(workdir) / "error.log", e)
+             if pathlib.Path(workdir).is_dir() else None)
+    if FLAGS.verbose:
+      import traceback
+      traceback.print_exc()
+    _fail(known[0], known[1] + (f" [traceback: {where}]" if where and not FLAGS.verbose
+                                else ""))
+  finally:
+    if lock is not None:
+      lock.release()
 
 
 def run_main() -> None:

@@ -109,7 +109,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   trainer = SubprocessTrainer(
       launch.get("gin_files", ()),
       [*launch.get("gin_bindings", ()), f"train.steps = {int(branch_steps)}"],
-      imports=launch.get("imports", ()), timeout_s=branch_timeout_s)
+      imports=launch.get("imports", ()), timeout_s=branch_timeout_s,
+      flags=launch.get("flags", ()))
   sources = [s for s in (resume_from and pathlib.Path(resume_from) / "skills", skills_dir)
              if s] + [SEED_DIR]
   skills = SkillLibrary.seeded(pathlib.Path(workdir) / "skills", sources=sources)
@@ -160,6 +161,8 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
     return summary
   if mode == "ledger":
     from evotrainer.evolution.ledger import Ledger
+    if not (pathlib.Path(workdir) / "ledger.sqlite").is_file():  # never create one here
+      raise FileNotFoundError(f"run.mode='ledger': no ledger.sqlite in {workdir}")
     with Ledger(pathlib.Path(workdir) / "ledger.sqlite") as ledger:
       _print(ledger.table())
     return {}
@@ -184,10 +187,16 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   texts = [task.format_prompt(p) + " " + p.solution for p in train_problems]
   model, tok = policy(texts, mesh, LEARNER_RULES)
   c = model.config
+  if mode in ("train", "branch") and jax.process_index() == 0:
+    from evotrainer.workdir import check_built, tokenizer_digest
+    # Weights mean nothing under another vocabulary or model: refused (workdir.py).
+    check_built(workdir, tokenizer=tokenizer_digest(tok), model=c.__dict__)
   scratch = isinstance(tok, SentencePieceTokenizer)
   _print(f"[evotrainer] policy: {c.architecture}, {c.num_layers} layers, d={c.hidden_size}, "
          f"{c.num_params() / 1e6:.2f}M parameters, tokenizer vocab {tok.vocab_size} "
          f"({'from scratch' if scratch else 'Hugging Face checkpoint'})")
+  if mode in ("train", "branch"):
+    _check_task(task, tok, c, sampling, train_problems)
   pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
   summary = {"mode": mode, "seed": seed,
              "model": {"architecture": c.architecture, "params": c.num_params(),
@@ -225,6 +234,21 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   _print(f"[evotrainer] wrote {workdir}/summary.json and operative_config.gin")
   task.close()
   return summary
+
+
+def _check_task(task, tok, config, sampling, train_problems) -> None:
+  """Before any training: the splits the run reads are large enough, and every prompt
+  it can see fits the model's positions with the completion budget (tasks/checks.py)."""
+  from evotrainer.tasks.checks import check_prompt_lengths
+  from evotrainer.train import EvalConfig
+  ev = EvalConfig()
+  problems = [*getattr(task, "data_problems", list)(), *train_problems,
+              *task.heldout_problems(ev.num_problems, split="validation")]
+  if ev.num_test > 0:
+    problems += task.heldout_problems(ev.num_test, split="test")
+  check_prompt_lengths(problems, task.format_prompt, tok.encode,
+                       max_positions=config.max_position_embeddings,
+                       max_new_tokens=max(sampling.max_new_tokens, ev.max_new_tokens))
 
 
 def _sample(model, tok, task, mesh, seed, num_problems, samples_per_problem, sampling) -> dict:

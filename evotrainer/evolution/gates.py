@@ -2,7 +2,8 @@
 
 In human-gated mode the controller stops at each of GATES in a generation: it writes
 `<workdir>/gate.json` (what it is about to do) and waits until the `approve` file appears
-(`python -m evotrainer.launch --approve`, i.e. `approve_gate`) or its `approve` callable
+(`python -m evotrainer.launch --approve=<stage>`, i.e. `approve_gate`; an approval
+naming another gate is ignored) or its `approve` callable
 says yes. An approval is stored in the ledger (`controller/gate/<gen>/<stage>`), so a
 relaunch never asks twice.
 """
@@ -26,19 +27,39 @@ class GateError(RuntimeError):
   """No gate is waiting for an approval in the given run directory."""
 
 
-def approve_gate(workdir: str | os.PathLike) -> str:
-  """Approves the gate a human-gated run in `workdir` waits at (`--approve`): writes the
-  `approve` file the controller polls for; returns what was approved."""
+def approve_gate(workdir: str | os.PathLike, gate: str | None = None) -> str:
+  """Approves the gate a human-gated run in `workdir` waits at (`--approve=GATE`): writes
+  the `approve` file the controller polls for, naming the gate; returns what was approved.
+
+  `gate`: the waiting gate's stage (e.g. 'design'), optionally `stage@generation`; any
+  other gate is refused, so an approval never passes a gate its author did not see.
+  None approves whatever waits (library use)."""
   gate_path, flag = pathlib.Path(workdir) / "gate.json", pathlib.Path(workdir) / "approve"
   if not gate_path.exists():
     raise GateError(f"no gate is waiting in {workdir} (no gate.json)")
   try:
-    gate = json.loads(gate_path.read_text())
+    waiting = json.loads(gate_path.read_text())
   except (OSError, ValueError) as e:
     raise GateError(f"{gate_path} is unreadable: {e}") from None
-  flag.write_text(json.dumps({"approved_at": time.time()}) + "\n")
-  return (f"approved gate '{gate.get('stage')}' of generation {gate.get('generation')} in "
-          f"{workdir}")
+  stage, gen = waiting.get("stage"), waiting.get("generation")
+  if gate is not None:
+    name, _, want_gen = str(gate).partition("@")
+    if name != stage or (want_gen and want_gen != str(gen)):
+      raise GateError(f"the gate waiting in {workdir} is '{stage}' of generation {gen}, not "
+                      f"'{gate}'; read {gate_path}, then --approve={stage}")
+  flag.write_text(json.dumps({"approved_at": time.time(), "stage": stage,
+                              "generation": gen}) + "\n")
+  return f"approved gate '{stage}' of generation {gen} in {workdir}"
+
+
+def _approval_matches(flag: pathlib.Path, stage: str, gen: int) -> bool:
+  """Whether the `approve` file approves this gate: an empty file (a person's `touch`)
+  does; a file naming another gate (an approval given for an earlier one) does not."""
+  try:
+    data = json.loads(flag.read_text() or "{}")
+  except (OSError, ValueError):
+    return True
+  return data.get("stage", stage) == stage and data.get("generation", gen) == gen
 
 
 def write_json(path: pathlib.Path, data: Any) -> None:
@@ -60,8 +81,8 @@ class HumanGates:
     if self.ledger.get_meta(key):
       return
     gate = {"stage": stage, "generation": gen, "awaiting": payload,
-            "approve": f"python -m evotrainer.launch --workdir={self.workdir} --approve "
-                       f"(or create {self.workdir / 'approve'})"}
+            "approve": f"python -m evotrainer.launch --workdir={self.workdir} "
+                       f"--approve={stage} (or create {self.workdir / 'approve'})"}
     path, flag = self.workdir / "gate.json", self.workdir / "approve"
     write_json(path, gate)
     print(f"[evotrainer] human gate '{stage}' (generation {gen}) waits; see {path}; "
@@ -69,8 +90,12 @@ class HumanGates:
     start = time.time()
     while True:
       if flag.exists():
+        ok = _approval_matches(flag, stage, gen)
         flag.unlink()
-        break
+        if ok:
+          break
+        print(f"[evotrainer] ignored an approval given for another gate; '{stage}' "
+              f"(generation {gen}) still waits", flush=True)
       if self.approve is not None and self.approve(gate):
         break
       if self.gate_timeout_s is not None and time.time() - start > self.gate_timeout_s:

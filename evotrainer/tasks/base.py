@@ -13,6 +13,11 @@ import re
 from typing import Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
 
+class DataError(ValueError):
+  """A task's data cannot be used as configured; the message names the file:line or the
+  knob, and what to do."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Problem:
   """One problem of a task.

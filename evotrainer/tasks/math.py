@@ -41,8 +41,8 @@ from typing import Iterator, Optional, Sequence
 
 import gin
 
-from evotrainer.tasks.base import (HELDOUT_SPLITS, Problem, check_disjoint, check_fractions,
-                                   normalize_prompt, split_of)
+from evotrainer.tasks.base import (HELDOUT_SPLITS, DataError, Problem, check_disjoint,
+                                   check_fractions, normalize_prompt, split_of)
 from evotrainer.tasks.verify import (METHODS, VerifierPool, answer_tag, boxed_contents,
                                      count_candidates, extract_answer, numbers_in,
                                      parse_number, too_long)
@@ -291,17 +291,24 @@ class JsonlFile:
     self.path, self.problems, self.bad_rows = path, problems, bad_rows
 
 
-def load_jsonl(path: str | pathlib.Path, on_bad_row: str = "skip") -> JsonlFile:
+# Rows longer than this are refused before parsing (a 40 MB line once led to a 143 GiB
+# allocation when tokenized and padded): `MathTask.max_row_chars`.
+MAX_ROW_CHARS = 100_000
+
+
+def load_jsonl(path: str | pathlib.Path, on_bad_row: str = "skip",
+               max_row_chars: int = MAX_ROW_CHARS) -> JsonlFile:
   """Reads a GSM8K- or MATH-form JSONL file (the form is detected per row).
 
   Args:
     path: the file. Blank lines are ignored.
     on_bad_row: "skip" logs each malformed row as `file:line: reason` and counts it in
-      `bad_rows`; "error" raises ValueError at the first one.
+      `bad_rows`; "error" raises DataError at the first one.
+    max_row_chars: a longer row is malformed (skipped or an error, as above).
 
   Raises:
     FileNotFoundError: no such file.
-    ValueError: a malformed row under "error", or no usable row at all.
+    DataError: a malformed row under "error", or no usable row at all.
   """
   if on_bad_row not in ("skip", "error"):
     raise ValueError(f"on_bad_row must be 'skip' or 'error', got {on_bad_row!r}")
@@ -314,15 +321,18 @@ def load_jsonl(path: str | pathlib.Path, on_bad_row: str = "skip") -> JsonlFile:
       if not line.strip():
         continue
       try:
+        if len(line) > max_row_chars:
+          raise _BadRow(f"row of {len(line)} characters, over MathTask.max_row_chars="
+                        f"{max_row_chars}")
         problems.append(_parse_row(line, path, lineno))
       except _BadRow as e:
         where = f"{path}:{lineno}: {e}"
         if on_bad_row == "error":
-          raise ValueError(f"malformed row {where} (on_bad_row='error')") from None
+          raise DataError(f"malformed row {where} (on_bad_row='error')") from None
         log.warning("skipping malformed row %s", where)
         bad.append(where)
   if not problems:
-    raise ValueError(f"{path}: no usable problems ({len(bad)} malformed row(s) skipped"
+    raise DataError(f"{path}: no usable problems ({len(bad)} malformed row(s) skipped"
                      f"{', first: ' + bad[0] if bad else '; the file is empty'})")
   if bad:
     log.warning("%s: skipped %d malformed row(s) of %d", path, len(bad),
@@ -336,9 +346,10 @@ class _JsonlSource:
   name = "jsonl"
 
   def __init__(self, files: Sequence[str], test_files: Sequence[str],
-               fractions: tuple[float, float], on_bad_row: str):
-    loaded = [load_jsonl(f, on_bad_row) for f in files]
-    test_loaded = [load_jsonl(f, on_bad_row) for f in test_files]
+               fractions: tuple[float, float], on_bad_row: str,
+               max_row_chars: int = MAX_ROW_CHARS):
+    loaded = [load_jsonl(f, on_bad_row, max_row_chars) for f in files]
+    test_loaded = [load_jsonl(f, on_bad_row, max_row_chars) for f in test_files]
     self.bad_rows = [b for f in loaded + test_loaded for b in f.bad_rows]
     rows = [p for f in loaded for p in f.problems]
     extra_test = [p for f in test_loaded for p in f.problems]
@@ -353,7 +364,7 @@ class _JsonlSource:
     self.splits["test"] = [p for p, s in zip(kept, side) if s == "test"] + extra_test
     self.train = self.splits["train"]
     if not self.train:
-      raise ValueError(f"MathTask: no training problems left in {list(files)} after "
+      raise DataError(f"MathTask: no training problems left in {list(files)} after "
                        f"setting aside {len(self.splits['validation'])} validation and "
                        f"{len(self.splits['test'])} test problem(s)")
 
@@ -414,6 +425,7 @@ class MathTask:
     format_methods: extraction methods that count as following the format.
     verifier: a `VerifierPool` to share; by default one is created on first need.
     verify_workers, verify_timeout_s: for the pool created here.
+    max_row_chars: a JSONL row longer than this is malformed (`on_bad_row` applies).
   """
 
   def __init__(self, sources: Optional[Sequence[str]] = None,
@@ -425,7 +437,7 @@ class MathTask:
                answer_methods: Sequence[str] = METHODS,
                format_methods: Sequence[str] = ("answer_tag",),
                verifier: Optional[VerifierPool] = None, verify_workers: int = 1,
-               verify_timeout_s: float = 5.0):
+               verify_timeout_s: float = 5.0, max_row_chars: int = MAX_ROW_CHARS):
     if sources is None:
       sources = ("jsonl",) if jsonl_files else ("tiny_arithmetic",)
     sources = tuple(sources)
@@ -465,7 +477,8 @@ class MathTask:
     self.answer_methods = tuple(answer_methods)
     self.format_methods = tuple(format_methods)
     self._sources = [
-        _JsonlSource(jsonl_files, test_jsonl_files, self.fractions, on_bad_row)
+        _JsonlSource(jsonl_files, test_jsonl_files, self.fractions, on_bad_row,
+                     max_row_chars)
         if s == "jsonl" else _ProceduralSource(s, difficulty, self.fractions) for s in sources]
     self.bad_rows = [b for s in self._sources for b in getattr(s, "bad_rows", [])]
     self._heldout: dict[str, list[Problem]] = {}
@@ -516,12 +529,26 @@ class MathTask:
     (what training and the evolution read) or 'test' (reported only)."""
     held = self._heldout_set(split)
     if n is not None and n > len(held):
-      more = (f"raise MathTask.num_{split}" if len(held) == self.sizes[split] else
-              f"the sources have no more distinct {split} prompts: add data or raise "
-              f"MathTask.{split}_fraction")
-      raise ValueError(f"asked for {n} {split} problems but the {split} split has "
-                       f"{len(held)}; {more}")
+      asker = ("EvalConfig.num_problems" if split == "validation" else "EvalConfig.num_test")
+      if len(held) < self.sizes[split]:  # the data ran out, not the configured size
+        jsonl = [s for s in self._sources if isinstance(s, _JsonlSource)]
+        rows = sum(len(s.splits[split]) for s in jsonl)
+        why = (f"the data has only {len(held)} distinct {split} prompts" +
+               (f" ({rows} of the JSONL rows fall in {split} at MathTask.{split}_fraction="
+                f"{self.fractions[0 if split == 'validation' else 1]})" if jsonl else ""))
+        more = (f"add rows, raise MathTask.{split}_fraction, or lower {asker} to "
+                f"{len(held)}")
+      else:
+        why = f"MathTask.num_{split}={self.sizes[split]}"
+        more = f"raise MathTask.num_{split} to {n} or lower {asker}"
+      raise DataError(f"asked for {n} {split} problems ({asker}) but {why}; {more}")
     return list(held if n is None else held[:n])
+
+  def data_problems(self) -> list[Problem]:
+    """Every problem read from files (JSONL training and test rows), in file order; none
+    for procedural sources. What the build-time checks (tasks/checks.py) read."""
+    return [p for s in self._sources if isinstance(s, _JsonlSource)
+            for split in ("train", "validation", "test") for p in s.splits[split]]
 
   def train_problems(self, n: int, seed: int) -> list[Problem]:
     """`n` training problems drawn by `seed` (deterministic); none is validation or test."""

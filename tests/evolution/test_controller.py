@@ -452,8 +452,13 @@ def test_human_gated_waits_for_approve_file(tmp_path):
           time.sleep(0.1)
           assert len(trainer.calls) == 1  # paused: no branch trained yet
         if gate["stage"] == "design":  # the command-line approval
+          wrong = subprocess.run([sys.executable, "-m", "evotrainer.launch",
+                                  f"--workdir={tmp_path / 'run'}", "--approve=backtest"],
+                                 cwd=REPO, capture_output=True, text=True, timeout=120)
+          assert wrong.returncode == 2 and "is 'design' of generation 1" in wrong.stderr
+          assert not (tmp_path / "run" / "approve").exists()  # refused: nothing written
           out = subprocess.run([sys.executable, "-m", "evotrainer.launch",
-                                f"--workdir={tmp_path / 'run'}", "--approve"],
+                                f"--workdir={tmp_path / 'run'}", "--approve=design"],
                                cwd=REPO, capture_output=True, text=True, timeout=120)
           assert out.returncode == 0, out.stderr
           assert "approved gate 'design' of generation 1" in out.stdout
@@ -468,8 +473,9 @@ def test_human_gated_waits_for_approve_file(tmp_path):
 
 def test_approve_without_a_waiting_gate_is_a_clear_error(tmp_path):
   out = subprocess.run([sys.executable, "-m", "evotrainer.launch", f"--workdir={tmp_path}",
-                        "--approve"], cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert out.returncode != 0 and "no gate is waiting" in out.stderr
+                        "--approve=design"], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+  assert out.returncode == 2 and "no gate is waiting" in out.stderr
   assert not (tmp_path / "approve").exists()
 
 
