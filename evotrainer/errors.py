@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import traceback
 from typing import Optional
 
@@ -18,8 +19,9 @@ EXIT_KNOWN = 2  # a known failure, explained in one line
 
 
 def _first_line(e: BaseException) -> str:
+  """The message without the `In call to configurable ...` lines gin appends."""
   text = str(e).strip() or type(e).__name__
-  return text
+  return re.split(r"\n\s*In call to configurable", text)[0].rstrip()
 
 
 def _os_error(e: OSError) -> Optional[tuple[str, str]]:
@@ -52,20 +54,20 @@ def explain(e: BaseException) -> Optional[tuple[str, str]]:
   if isinstance(e, WorkdirError):
     return "workdir", _first_line(e)
   if isinstance(e, ConfigError):
-    return "config", f"configuration error: {_first_line(e)}"
+    return "config", _first_line(e)
   if isinstance(e, SweepError):
-    return "config", f"sweep error: {_first_line(e)}"
+    return "sweep", _first_line(e)
   if isinstance(e, DataError):
-    return "data", f"data error: {_first_line(e)}"
+    return "data", _first_line(e)
   if isinstance(e, CheckpointError):
-    return "checkpoint", (f"checkpoint error: {_first_line(e)} (remove the named directory "
+    return "checkpoint", (f"{_first_line(e)} (remove the named directory "
                           f"to fall back to an earlier step, or use another --workdir)")
   if isinstance(e, LedgerError):
-    return "ledger", f"ledger error: {_first_line(e)}"
+    return "ledger", _first_line(e)
   if isinstance(e, InfrastructureError):
     return "infrastructure", _first_line(e)
   if isinstance(e, (GateError, GateTimeout)):
-    return "gate", f"gate: {_first_line(e)}"
+    return "gate", _first_line(e)
   if isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in str(e)[:2000]:
     return "memory", ("out of memory: lower the batch (train.prompts_per_step, "
                       "train.group_size, EvalConfig.batch_rows) or set "
@@ -76,7 +78,7 @@ def explain(e: BaseException) -> Optional[tuple[str, str]]:
   if isinstance(cause, OSError) and cause is not e:
     return _os_error(cause)
   if type(e).__name__ == "ParseError" or "gin" in type(e).__module__:
-    return "config", f"configuration error: {_first_line(e)}"
+    return "config", _first_line(e)
   return None
 
 

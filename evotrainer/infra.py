@@ -31,7 +31,7 @@ META = "controller/infra/"  # + version id: [{kind, message, time}, ...]
 _CHILD_KINDS = {"lock": "workdir locked", "workdir": "config mismatch",
                 "checkpoint": "missing or corrupt checkpoint", "disk": "disk full",
                 "permissions": "permissions", "memory": "out of memory",
-                "config": "config error", "data": "data error",
+                "config": "config error", "data": "data error", "sweep": "config error",
                 "infrastructure": "infrastructure"}
 _PATTERNS = (
     ("out of memory", re.compile(r"MemoryError|RESOURCE_EXHAUSTED|[Oo]ut of memory")),

@@ -136,7 +136,7 @@ def main(argv) -> None:
     own += [f"evolve.resume_from = {FLAGS.resume_from!r}"] if FLAGS.resume_from else []
     config_lib.parse(FLAGS.gin_file, [*FLAGS.gin_bindings, *own], FLAGS.gin_search_paths)
   except config_lib.ConfigError as e:
-    _fail("config", f"configuration error: {e}")
+    _fail("config", str(e))
   workdir = FLAGS.workdir or os.path.join("runs", pathlib.Path(FLAGS.gin_file[-1]).stem)
   mode = _mode()
   _check_flags(mode, workdir)
@@ -161,8 +161,9 @@ def main(argv) -> None:
     if FLAGS.verbose:
       import traceback
       traceback.print_exc()
-    _fail(known[0], known[1] + (f" [traceback: {where}]" if where and not FLAGS.verbose
-                                else ""))
+    # Our own refusals say everything; for the rest the traceback may help.
+    hint = where and not FLAGS.verbose and known[0] not in ("lock", "workdir", "config")
+    _fail(known[0], known[1] + (f" [traceback: {where}]" if hint else ""))
   finally:
     if lock is not None:
       lock.release()

@@ -170,3 +170,48 @@ def test_launch_flags_unused_by_the_mode_are_errors(tmp_path):
   out = _launch("--gin_file=gin/math.gin", f"--resume_from={tmp_path / 'other'}",
                 workdir=tmp_path / "own")
   assert out.returncode == 2 and "already holds a run" in out.stderr
+
+
+def _jsonl(path, n, long_at=None, offset=0):
+  rows = []
+  for i in range(n):
+    a, b = i + offset, 7 * i % 13
+    q = f"Tom has {a} apples and buys {b} more. How many apples does Tom have now?"
+    if i + 1 == long_at:
+      q = " ".join(str(1000 + j) for j in range(400)) + " What is the sum?"
+    rows.append(json.dumps({"question": q, "answer": f"{a} + {b} = {a + b}\n#### {a + b}"}))
+  path.write_text("\n".join(rows) + "\n")
+  return path
+
+
+@pytest.mark.slow
+def test_launch_refuses_long_prompts_then_a_changed_relaunch(tmp_path):
+  train = _jsonl(tmp_path / "train.jsonl", 300, long_at=3)
+  test = _jsonl(tmp_path / "test.jsonl", 20, offset=5000)
+  w = tmp_path / "run"
+  args = ["--gin_file=gin/math_train.gin", "--gin_file=gin/tiny.gin",
+          "--gin_bindings=MathTask.sources = ['jsonl']",
+          f"--gin_bindings=MathTask.jsonl_files = ['{train}']",
+          f"--gin_bindings=MathTask.test_jsonl_files = ['{test}']",
+          "--gin_bindings=MathTask.num_validation = 8", "--gin_bindings=MathTask.num_test = 8",
+          "--gin_bindings=run.tokenizer_texts = 300",
+          f"--gin_bindings=make_tokenizer.cache_dir = '{tmp_path}/tok'",
+          f"--gin_bindings=warm_start.cache_dir = '{tmp_path}/ws'"]
+  out = _launch(*args, workdir=w)
+  assert out.returncode == 2, out.stderr[-3000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith("error (data): 1 prompt(s) do not fit the model"), last
+  assert f"{train}:3 (" in last and "max_position_embeddings=512" in last
+  assert "Traceback" not in out.stderr and "traceback: " in last
+  assert "DataError" in (w / "error.log").read_text()  # the full traceback is kept
+  assert not (tmp_path / "ws").exists() and not (w / "checkpoints").exists()  # no training
+  # The same workdir relaunched with another seed: refused with the change, at once.
+  out = _launch(*args, "--gin_bindings=run.seed = 1", workdir=w)
+  assert out.returncode == 2
+  assert "error (workdir): workdir " in out.stderr and "\n  run.seed: 0 -> 1\n" in out.stderr
+  assert "--new_segment" in out.stderr
+  # Accepted as a new segment (it then stops at the same data error).
+  out = _launch(*args, "--gin_bindings=run.seed = 1", "--new_segment", workdir=w)
+  assert out.returncode == 2 and "error (data)" in out.stderr
+  seg = json.loads((w / wd.SEGMENTS_NAME).read_text().splitlines()[0])
+  assert seg["changes"] == ["run.seed: 0 -> 1"]
