@@ -215,3 +215,34 @@ def test_launch_refuses_long_prompts_then_a_changed_relaunch(tmp_path):
   assert out.returncode == 2 and "error (data)" in out.stderr
   seg = json.loads((w / wd.SEGMENTS_NAME).read_text().splitlines()[0])
   assert seg["changes"] == ["run.seed: 0 -> 1"]
+
+
+def test_a_moved_evolution_workdir_resumes(tmp_path):
+  from tests.evolution.test_controller import ScriptedTrainer, make
+
+  class CheckingTrainer(ScriptedTrainer):
+    """Writes a checkpoint directory; a parent's must exist where the ledger says."""
+
+    def __init__(self):
+      super().__init__({"learning_rate": {"delta": 0.2}})
+      self.parents = []
+
+    def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
+      if parent_checkpoint is not None:
+        assert os.path.isdir(parent_checkpoint), parent_checkpoint
+        self.parents.append(parent_checkpoint)
+      os.makedirs(f"{workdir}/ckpt", exist_ok=True)
+      return super().train(version=version, parent_checkpoint=parent_checkpoint,
+                           bindings=bindings, seed=seed, workdir=workdir)
+
+  c, ledger, _ = make(tmp_path, {}, name="old", trainer=CheckingTrainer(), branches=2)
+  c.run()
+  ledger.close()
+  os.rename(tmp_path / "old", tmp_path / "new")
+  trainer = CheckingTrainer()
+  c, ledger, _ = make(tmp_path, {}, name="new", trainer=trainer, branches=2, generations=2)
+  c.run()
+  assert ledger.get_meta("controller/generation") == 2
+  assert trainer.parents and all(p.startswith(str(tmp_path / "new")) for p in trainer.parents)
+  assert not ledger.meta_items("controller/infra/")  # nothing failed for the move
+  ledger.close()
