@@ -41,6 +41,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from typing import Any, Callable, Mapping, Optional, Union
 
 import jax
@@ -73,6 +74,11 @@ _COMPUTE_ONLY_FIELDS = ("dtype", "param_dtype", "remat")
 class CheckpointError(RuntimeError):
   """A checkpoint that cannot be restored as asked: absent, incomplete, corrupted, or of
   another structure than the target."""
+
+
+class CorruptCheckpointError(CheckpointError):
+  """A checkpoint whose files cannot be read or fail their checksums (not a structure
+  mismatch: that one would be the same in every step)."""
 
 
 # ------------------------------------------------------------------ pytrees
@@ -282,7 +288,7 @@ def _read_json(read: Callable[[ocp.args.Composite], Any], where: str, name: str)
   try:
     return read(ocp.args.Composite(**{name: ocp.args.JsonRestore()}))[name]
   except Exception as e:  # Orbax raises KeyError, FileNotFoundError, ValueError, ...
-    raise CheckpointError(f"{where}: cannot read its {name!r} record ({type(e).__name__}: "
+    raise CorruptCheckpointError(f"{where}: cannot read its {name!r} record ({type(e).__name__}: "
                           f"{e}); incomplete, or not written by evotrainer.checkpoint") from e
 
 
@@ -339,7 +345,7 @@ def _restore_core(read: Callable[[ocp.args.Composite], Any], where: str,
   try:
     restored = read(ocp.args.Composite(**args))
   except Exception as e:  # TensorStore / Orbax errors on missing or damaged files
-    raise CheckpointError(f"{where}: cannot read items {names}: {type(e).__name__}: "
+    raise CorruptCheckpointError(f"{where}: cannot read items {names}: {type(e).__name__}: "
                           f"{str(e)[:2000]}") from e
 
   trees = {name: restored[name] for name in names}
@@ -348,13 +354,13 @@ def _restore_core(read: Callable[[ocp.args.Composite], Any], where: str,
     for path, rec in saved[name].items():
       now = got[name].get(path)
       if now is None:
-        raise CheckpointError(f"{where}: {name}/{path} was saved but not restored")
+        raise CorruptCheckpointError(f"{where}: {name}/{path} was saved but not restored")
       if "value" in rec and now.get("value") != rec["value"]:
-        raise CheckpointError(f"{where}: {name}/{path} was saved as {rec['value']!r} but "
+        raise CorruptCheckpointError(f"{where}: {name}/{path} was saved as {rec['value']!r} but "
                               f"reads {now.get('value')!r}")
       if "checksum" in rec and (now.get("checksum") != rec["checksum"]
                                 or now.get("dtype") != rec["dtype"]):
-        raise CheckpointError(
+        raise CorruptCheckpointError(
             f"{where}: {name}/{path} fails its checksum (saved {rec.get('checksum')} "
             f"{rec['dtype']}, read {now.get('checksum')} {now.get('dtype')}): the "
             "checkpoint's files are corrupted")
@@ -477,6 +483,39 @@ class Checkpoints:
     step = self._resolve(step)
     where = self._step_dir(step)
     return _restore_core(lambda args: self._manager.restore(step, args=args), where, target)
+
+  def restore_latest_intact(self, target: Optional[Mapping[str, Any]] = None
+                            ) -> tuple[int, dict, dict]:
+    """(step, state, metadata) of the newest step that restores intact. Newer steps that
+    are corrupted (`CorruptCheckpointError`) are moved, never deleted, to
+    `<directory>.corrupt/<step>-<time>` with a warning, so training resumes from the
+    intact one and can save those steps again. Raises CheckpointError when no step is
+    intact (nothing is moved then) or for a structure mismatch."""
+    steps, bad = self.all_steps(), []
+    if not steps:
+      raise CheckpointError(f"no complete checkpoint in {self.directory}")
+    for step in reversed(steps):
+      try:
+        state, meta = self.restore(step, target)
+      except CorruptCheckpointError as e:
+        bad.append((step, str(e).splitlines()[0][:300]))
+        continue
+      aside = self.directory + ".corrupt"
+      for b, why in bad:
+        os.makedirs(aside, exist_ok=True)
+        dst = os.path.join(aside, f"{b}-{int(time.time())}")
+        os.replace(self._step_dir(b), dst)
+        log.warning("checkpoint step %d is corrupted (%s); moved to %s; resuming from "
+                    "step %d", b, why, dst, step)
+        print(f"[checkpoint] WARNING: step {b} in {self.directory} is corrupted; moved to "
+              f"{dst}; resuming from the intact step {step}", flush=True)
+      if bad:
+        self._manager.reload()
+      return step, state, meta
+    raise CheckpointError(
+        f"no intact checkpoint in {self.directory}: " +
+        "; ".join(f"step {b}: {why}" for b, why in bad) +
+        "; remove the directory to start over, or restore it from a copy")
 
   def metadata(self, step: Optional[int] = None) -> dict:
     """The JSON metadata of a step (default: the latest) without reading any array."""

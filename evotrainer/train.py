@@ -358,8 +358,8 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
   state = learner.init_state(params0)
   step0, history, initial = 0, [], None
   latest = ckpts.latest_step()
-  if latest is not None:
-    restored, meta = ckpts.restore(latest, target={"state": _abstract(state)})
+  if latest is not None:  # a corrupted newest step falls back to the previous intact one
+    _, restored, meta = ckpts.restore_latest_intact(target={"state": _abstract(state)})
     state = restored["state"]
     step0, initial, history = meta["step"], meta["initial"], meta["history"]
     harness.load_state(meta.get("harness_state", {}), strict=False)

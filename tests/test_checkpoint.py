@@ -309,3 +309,29 @@ def test_async_save_then_restore(tmp_path):
     state, meta = ckpts.restore(target={"params": params})
   assert meta == {"step": 3}
   assert_trees_equal(state["params"], params)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_corrupted_latest_step_falls_back_to_the_previous_intact_one(tmp_path, capsys):
+  ws = [{"w": jnp.full((32, 32), float(i), jnp.float32)} for i in range(4)]
+  with ck.Checkpoints(tmp_path, max_to_keep=None) as ckpts:
+    for i in (1, 2, 3):
+      ckpts.save(i, {"params": ws[i]}, {"step": i})
+  victim = data_files(str(tmp_path / "3" / "params"))[0]
+  with open(victim, "r+b") as f:  # a torn write of the newest step
+    f.truncate(os.path.getsize(victim) // 2)
+  with ck.Checkpoints(tmp_path, max_to_keep=None) as ckpts:
+    step, state, meta = ckpts.restore_latest_intact({"params": ws[0]})
+    assert (step, meta) == (2, {"step": 2})
+    assert_trees_equal(state["params"], ws[2])
+    assert "step 3" in capsys.readouterr().out
+    moved = os.listdir(str(tmp_path) + ".corrupt")
+    assert len(moved) == 1 and moved[0].startswith("3-")  # kept, not deleted
+    assert ckpts.all_steps() == [1, 2]
+    ckpts.save(3, {"params": ws[3]}, {"step": 3})  # training goes on from step 2
+    assert ckpts.restore_latest_intact({"params": ws[0]})[0] == 3
+  # A structure mismatch is no corruption: it is raised, nothing is moved.
+  with ck.Checkpoints(tmp_path, max_to_keep=None) as ckpts:
+    with pytest.raises(ck.CheckpointError, match="shape"):
+      ckpts.restore_latest_intact({"params": {"w": jnp.zeros((4, 4))}})
+    assert ckpts.all_steps() == [1, 2, 3]
