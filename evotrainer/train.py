@@ -25,10 +25,10 @@ import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tqdm
 from flax import nnx
 
 from evotrainer.checkpoint import Checkpoints
+from evotrainer.console import progress_bar
 from evotrainer.harness.diagnostics import run_diagnostics
 from evotrainer.harness.pipeline import Harness
 from evotrainer.learner.step import Learner, TrainState
@@ -288,7 +288,7 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
           max_to_keep: int = 2, store_rollouts: bool = True,
           time_limit_s: Optional[float] = None, parent_checkpoints: Optional[str] = None,
           learner_factory: Callable[..., Learner] = Learner, progress: bool = True,
-          recompute_old_logprobs: bool = True) -> dict:
+          recompute_old_logprobs: bool = True, progress_every: int = 10) -> dict:
   """Trains `model` with GRPO-family updates on `task`; resumes from `workdir` if possible.
 
   Args:
@@ -318,7 +318,8 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
       its latest train state (parameters *and* optimizer moments; restarting Adam from
       zero moments jolts a trained policy), with the step counter reset.
     learner_factory: builds the Learner (gin: `Learner.*` knobs).
-    progress: show a progress bar.
+    progress: show progress: a bar on a terminal, else (a log file) one line every
+      `progress_every` steps or minute (evotrainer/console.py).
     recompute_old_logprobs: the PPO ratio's denominator is recomputed by the learner's
       teacher-forced pass (the same program as the update's numerator) instead of the
       sampler's KV-cache decode, so a numeric mismatch between the two (bf16, fused
@@ -389,8 +390,8 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
   # The KL term's frozen reference: the policy this segment started from.
   ref_params = (jax.tree.map(jnp.copy, state.params) if learner.kl_coef > 0 else None)
   base_key = jax.random.key(seed)
-  bar = tqdm.tqdm(total=steps, initial=step0, desc="RL", disable=not progress,
-                  dynamic_ncols=True)
+  bar = progress_bar(total=steps, initial=step0, desc="RL", disable=not progress,
+                     every=progress_every, dynamic_ncols=True)
   step = step0
   t_train = time.time()
   harness_s = total_s = 0.0

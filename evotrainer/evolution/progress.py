@@ -1,5 +1,5 @@
 """Progress of an evolution run on the terminal: one bar over the branch trainings (the
-root included; ETA from the trainings so far) and one line per event (generation start,
+root included; ETA from the trainings so far; only on a terminal) and one line per event (generation start,
 proposals, each training's result, each verdict, harness changes)."""
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ import sys
 from typing import Optional
 
 import tqdm
+
+from evotrainer.console import is_terminal
 
 
 class Progress:
@@ -22,7 +24,7 @@ class Progress:
   def __init__(self, total: int, done: int = 0, enabled: bool = True):
     self.enabled = enabled
     self.bar: Optional[tqdm.tqdm] = None
-    if enabled:
+    if enabled and is_terminal():  # a log file gets the event lines only
       self.bar = tqdm.tqdm(total=total, initial=min(done, total), desc="evolve",
                            unit="branch", file=sys.stderr, dynamic_ncols=True)
 

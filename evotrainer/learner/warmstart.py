@@ -36,9 +36,9 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float
-from tqdm.auto import tqdm
 
 from evotrainer import checkpoint
+from evotrainer.console import progress_bar
 from evotrainer.learner import losses
 from evotrainer.learner.step import completion_logprobs
 from evotrainer.model.transformer import Transformer
@@ -159,7 +159,9 @@ def _train(model: Transformer, data: TrainBatch, *, steps: int, batch_size: int,
   history = []
   with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
     opt_state = init(params)
-    for i in tqdm(range(steps), desc="warm start", unit="step", leave=False):
+    bar = progress_bar(total=steps, desc="warm start", unit="step", leave=False, every=100)
+    for i in range(steps):
+      bar.update(1)
       if stop is not None and check_every and i and i % check_every == 0 and stop(params):
         break
       if pos + batch_size > n:  # next epoch, reshuffled
@@ -170,6 +172,7 @@ def _train(model: Transformer, data: TrainBatch, *, steps: int, batch_size: int,
                else jax.tree.map(jnp.asarray, batch))
       params, opt_state, loss = step(params, opt_state, batch)
       history.append(loss)
+    bar.close()
   nnx.update(model, params)
   return [float(x) for x in jax.device_get(history)]
 
