@@ -61,7 +61,7 @@ from evotrainer.evolution.proposers import Hypothesis, propose
 from evotrainer.evolution.search_space import SearchSpace, canonical, format_value
 from evotrainer.evolution.skills import (Skill, SkillError, SkillLibrary, state_of,
                                          template_of)
-from evotrainer.evolution.stats import holm, paired_test
+from evotrainer.evolution.stats import holm, paired_test, score_label
 from evotrainer.evolution.trainer import BranchResult, Trainer
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     self.progress.close()
     inc = self.ledger.incumbent()
     if inc is not None:
-      self.progress.say(f"done: incumbent {inc.id} (validation avg8 "
+      self.progress.say(f"done: incumbent {inc.id} (validation {score_label(inc.heldout)} "
                         f"{inc.heldout.get('avg8', float('nan')):.4f}); "
                         f"{len(self.ledger.versions())} versions; see {self.workdir}/report.html")
     return inc
@@ -191,7 +191,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     if plan is None:
       inc = self.ledger.incumbent()
       self.progress.say(f"generation {gen}/{self.generations}: diagnosing incumbent {inc.id} "
-                        f"(held-out avg8 {inc.heldout.get('avg8', float('nan')):.4f})")
+                        f"(held-out {score_label(inc.heldout)} "
+                        f"{inc.heldout.get('avg8', float('nan')):.4f})")
       plan = self._plan(gen)
       self.ledger.set_meta(f"controller/plan/{gen}", plan)
       self.progress.say(f"generation {gen}: {len(plan['branches'])} branches from "
@@ -230,7 +231,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
         raise infra.InfrastructureError(f"the root version could not train: {f}; fix the "
                                         f"cause and relaunch the same command") from f
       self._store_result(ROOT, r)
-      self.progress.trained(ROOT, f"trained in {time.time() - start:.0f}s: held-out avg8 "
+      self.progress.trained(ROOT, f"trained in {time.time() - start:.0f}s: held-out "
+                                  f"{score_label(r.final)} "
                                   f"{_avg8(r):.4f}")
     if self.ledger.get_meta("incumbent") is None and root.status == "running":
       self.ledger.promote(ROOT, reason=reason)
@@ -422,7 +424,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
       self.progress.trained(vid, reason.splitlines()[0])
       return None
     self._store_result(vid, r, aid)
-    self.progress.trained(vid, f"trained in {time.time() - start:.0f}s: held-out avg8 "
+    self.progress.trained(vid, f"trained in {time.time() - start:.0f}s: held-out "
+                               f"{score_label(r.final)} "
                                f"{_avg8(r):.4f}")
     return r
 
@@ -445,10 +448,10 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
         "lo": lo, "hi": hi, "p": t["p"]})
     return {"version": vid, "avg8": _avg8(r), "parent_avg8": _avg8(pres), "proxy": _proxy(r),
             "diff": diff, "lo": lo, "hi": hi, "p": t["p"], "verdicts": verdicts,
-            "failed": [v for v in verdicts if not v.passed]}
+            "failed": [v for v in verdicts if not v.passed], "label": score_label(r.final)}
 
   def _ci(self, x: Mapping, parent: str) -> str:
-    return (f"avg8 {x['diff']:+.4f}, {100 * (1 - self.alpha):.0f}% CI [{x['lo']:+.4f}, "
+    return (f"{x.get('label', 'avg8')} {x['diff']:+.4f}, {100 * (1 - self.alpha):.0f}% CI [{x['lo']:+.4f}, "
             f"{x['hi']:+.4f}] vs {parent}")
 
   @staticmethod
@@ -490,7 +493,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
         reason, outcome = f"beats {parent} beyond noise ({ci}) but {best['version']} is " \
                           f"better", "partial"
       elif verdict == "collapsed":
-        reason, outcome = (f"collapsed: validation avg8 {x['avg8']:.4f} against "
+        reason, outcome = (f"collapsed: validation {x['label']} {x['avg8']:.4f} against "
                            f"{x['parent_avg8']:.4f} of {parent} ({ci})"), "failure"
       elif verdict == "worse_beyond_noise":
         reason, outcome = f"worse beyond noise: {ci}", "failure"

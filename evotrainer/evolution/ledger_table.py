@@ -11,6 +11,7 @@ import json
 from typing import TYPE_CHECKING, Any, Mapping
 
 from evotrainer.evolution.ledger_records import VersionRecord
+from evotrainer.evolution.stats import score_label
 
 if TYPE_CHECKING:
   from evotrainer.evolution.ledger import Ledger
@@ -67,7 +68,8 @@ def _heldout_cell(heldout: Mapping) -> str:
   if key is None:
     return ""
   noise = nums.get("noise", nums.get(f"{key}_noise"))
-  return f"{key} {nums[key]:.4f}" + (f"±{noise:.4f}" if noise is not None else "")
+  label = score_label(heldout) if key == "avg8" else key
+  return f"{label} {nums[key]:.4f}" + (f"±{noise:.4f}" if noise is not None else "")
 
 
 __all__ = ["lineage_table"]

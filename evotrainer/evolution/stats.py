@@ -15,6 +15,7 @@ not truly better stays at the level of one test.
 from __future__ import annotations
 
 import math
+import re
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -77,3 +78,14 @@ def beats(child: Mapping[str, float], parent: Mapping[str, float], alpha: float 
 
 
 __all__ = ["beats", "holm", "paired_bootstrap", "paired_test"]
+
+
+def score_label(figures: Mapping) -> str:
+  """How to name a version's mean per-problem score (stored under 'avg8' whatever k is):
+  'avg@k' with k read from the evaluation's own `pass{k}` / `avg{k}` keys; 'avg8' when
+  the figures do not say."""
+  for key in figures:
+    m = re.fullmatch(r"(?:pass|avg)(\d+)", str(key))
+    if m and (key != "avg8" or "pass8" in figures):
+      return f"avg@{m.group(1)}"
+  return "avg8"

@@ -32,6 +32,7 @@ import time
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from evotrainer.evolution.ledger import Ledger, VersionRecord
+from evotrainer.evolution.stats import score_label
 from evotrainer.harness.base import printable
 from evotrainer.report.test_split import read_test_scores
 
@@ -211,9 +212,9 @@ def _lineage(versions: Sequence[VersionRecord], changes: Mapping[str, str],
       parts.append(' <span class="inc">&#9733; incumbent</span>')
     parts.append(f" {_e(change)}")
     if held:
-      parts.append(f" &middot; validation avg8 <b>{_e(held)}</b>")
+      parts.append(f" &middot; validation {_e(score_label(v.heldout))} <b>{_e(held)}</b>")
     if v.id in test:
-      parts.append(f" &middot; test avg8 <b>{_e(_num(test[v.id].get('avg8')))}</b>")
+      parts.append(f" &middot; test {_e(score_label(v.heldout))} <b>{_e(_num(test[v.id].get('avg8')))}</b>")
     if proxy:
       parts.append(f" &middot; proxy {_e(proxy)}")
     if v.reason:

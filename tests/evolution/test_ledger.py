@@ -359,3 +359,15 @@ def test_kill_9_inside_a_transaction_leaves_the_previous_state(tmp_path):
     assert led.attempts() == [] and led.get_meta("step") is None
     led.add_version("v2", "v0", bindings={"a.b": 3})  # the resumed run redoes the step
     assert [v.id for v in led.versions()] == ["v0", "v1", "v2"]
+
+
+def test_score_labels_follow_the_evaluation_k(tmp_path):
+  from evotrainer.evolution.stats import score_label
+  assert score_label({"avg2": 0.3, "pass2": 0.5, "avg8": 0.3}) == "avg@2"
+  assert score_label({"avg8": 0.3, "pass8": 0.5}) == "avg@8"
+  with Ledger(tmp_path / "l.sqlite") as ledger:
+    ledger.add_version("v0", None)
+    ledger.update_version("v0", heldout={"avg2": 0.3, "pass2": 0.5, "avg8": 0.3,
+                                         "noise": 0.02})
+    row = [l for l in ledger.table().splitlines() if l.split()[:1] == ["v0"]][0]
+    assert "avg@2 0.3000±0.0200" in row and "avg8" not in row
