@@ -123,7 +123,7 @@ def test_evolve_mode_end_to_end(tmp_path):
   parent's state, and records them in the ledger and summary.json."""
   workdir = tmp_path / "evo"
 
-  def evolve(generations):  # 1 branch of 2 steps per generation, tiny budgets
+  def evolve(generations, rc=0):  # 1 branch of 2 steps per generation, tiny budgets
     proc = subprocess.run(
         [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
          "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
@@ -133,7 +133,8 @@ def test_evolve_mode_end_to_end(tmp_path):
          f"--gin_bindings=warm_start.cache_dir = '{tmp_path}/ws'"],
         cwd=REPO, env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
         capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == rc, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
 
   evolve(1)
   summary = json.loads((workdir / "summary.json").read_text())
@@ -166,8 +167,10 @@ def test_evolve_mode_end_to_end(tmp_path):
     assert decision.backtest["groups"] > 0 and decision.backtest["passed"]
 
   # Bad input: the incumbent's checkpoint is corrupted (a byte flipped in its largest
-  # array file). A relaunch for one more generation fails that branch with a clear
-  # reason, finishes, and leaves every earlier record as it was.
+  # array file). A relaunch for one more generation cannot train its branch: an
+  # infrastructure failure (retried once), not a rejection; with no branch trained the
+  # run stops with exit code 2 and the cause, the branch stays untried, and every earlier
+  # record is left as it was.
   def records():
     with Ledger(workdir / "ledger.sqlite") as ledger:
       return [(v.id, v.parent, v.status, v.reason, v.checkpoint) for v in ledger.versions()]
@@ -178,9 +181,16 @@ def test_evolve_mode_end_to_end(tmp_path):
   data = bytearray(victim.read_bytes())
   data[len(data) // 2] ^= 0x10
   victim.write_bytes(bytes(data))
-  evolve(2)
+  proc = evolve(2, rc=2)
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error (infrastructure): no branch of generation 2 could train")
+  assert "missing or corrupt checkpoint" in last
   after = records()
   assert after[:len(before)] == before
   (v2,) = [r for r in after if r[0] == "v2.0"]
-  assert v2[1] == summary["incumbent"] and v2[2] == "rejected"
-  assert v2[3].startswith("training failed") and "checksum" in v2[3], v2[3]
+  assert v2[1] == summary["incumbent"] and v2[2] == "running"  # untried, not evidence
+  with Ledger(workdir / "ledger.sqlite") as ledger:
+    failures = ledger.meta_items("controller/infra/")["controller/infra/v2.0"]
+    assert ledger.decisions(version="v2.0")[0].outcome is None
+  assert [f["kind"] for f in failures] == ["missing or corrupt checkpoint"] * 2
+  assert "checksum" in failures[0]["message"], failures[0]
