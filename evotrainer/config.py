@@ -89,8 +89,44 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
     _parse(gin_files, bindings, search_paths)
   finally:
     logging.getLogger().removeFilter(quiet)
+  check_value_types()
   if finalize:
     gin.finalize()
+
+
+def _expected(default) -> tuple | None:
+  """The value types a binding may have when its parameter's default is `default`."""
+  if isinstance(default, bool):
+    return (bool, int)
+  if isinstance(default, int):
+    return (int,)
+  if isinstance(default, float):
+    return (int, float)
+  if isinstance(default, str):
+    return (str,)
+  return None  # None, containers, objects: anything goes
+
+
+def check_value_types() -> None:
+  """A binding whose value is a plain literal of another type than its parameter's
+  default (`train.steps = 'abc'`) is a ConfigError naming the binding, before any
+  object is built. References (`@X()`), macros and unset-default parameters pass."""
+  import inspect
+  for (scope, selector), params in gin.config._CONFIG.items():  # pylint: disable=protected-access
+    try:
+      fn = gin.config._REGISTRY.get_match(selector).wrapped  # pylint: disable=protected-access
+      sig = inspect.signature(fn.__init__ if inspect.isclass(fn) else fn)
+    except (AttributeError, KeyError, TypeError, ValueError):
+      continue
+    for name, value in params.items():
+      p = sig.parameters.get(name)
+      want = None if p is None or p.default is inspect.Parameter.empty else _expected(p.default)
+      if want is None or not isinstance(value, (str, int, float, bool, list, dict, tuple)):
+        continue
+      if not isinstance(value, want) or (want[0] is not bool and isinstance(value, bool)):
+        where = f"{scope + '/' if scope else ''}{selector.rsplit('.', 1)[-1]}.{name}"
+        raise ConfigError(f"{where} = {value!r}: expected {' or '.join(t.__name__ for t in want)}"
+                          f" (the default is {p.default!r})")
 
 
 def _parse(gin_files, bindings, search_paths) -> None:

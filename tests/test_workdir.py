@@ -127,7 +127,7 @@ def test_locked_ledger_is_a_clear_error_not_a_long_wait(tmp_path, monkeypatch):
   b = Ledger(tmp_path / "ledger.sqlite")
   with a.transaction():
     start = time.time()
-    with pytest.raises(LedgerError, match="is locked for writing by another process"):
+    with pytest.raises(LedgerError, match="is locked for writing by a process outside"):
       b.set_meta("x", 1)
   assert time.time() - start < 5
   a.close()

@@ -147,9 +147,10 @@ class Ledger:
         raise
       from evotrainer.workdir import holder
       h = holder(self.root)
-      who = (f"pid {h.get('pid')} on host {h.get('host')}" if h else
-             "another process (no EvoTrainer run holds the workdir: an sqlite3 shell or a "
-             "copy tool?)")
+      if h and h.get("pid") != os.getpid():
+        who = f"pid {h.get('pid')} (host {h.get('host')}), which holds the workdir"
+      else:  # no run, or this one, holds the workdir: someone outside EvoTrainer
+        who = "a process outside EvoTrainer (an sqlite3 shell, a backup or copy tool?)"
       raise LedgerError(f"ledger {self.path} is locked for writing by {who}; waited "
                         f"{BUSY_TIMEOUT_S:.0f}s: stop that process or wait for it, then "
                         f"relaunch") from None

@@ -1,0 +1,22 @@
+"""Config values of the wrong type are named at parse time, before anything is built."""
+
+import pytest
+
+from evotrainer import config
+
+
+@pytest.mark.parametrize("binding,message", [
+    ("train.steps = 'abc'", "train.steps = 'abc': expected int (the default is 100)"),
+    ("EvalConfig.k = 2.5", "EvalConfig.k = 2.5: expected int"),
+    ("train.steps = True", "train.steps = True: expected int"),
+    ("MathTask.prompt_template = 3", "MathTask.prompt_template = 3: expected str"),
+])
+def test_wrong_value_types_are_config_errors(binding, message):
+  with pytest.raises(config.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    config.parse(["gin/math_train.gin", "gin/tiny.gin"], [binding])
+
+
+@pytest.mark.parametrize("binding", ["SamplingParams.temperature = 1", "run.warm_start = 0",
+                                     "train.time_limit_s = 30.5", "Learner.total_steps = 7"])
+def test_compatible_values_pass(binding):
+  config.parse(["gin/math_train.gin", "gin/tiny.gin"], [binding])
