@@ -60,8 +60,9 @@ def explain(e: BaseException) -> Optional[tuple[str, str]]:
   if isinstance(e, DataError):
     return "data", _first_line(e)
   if isinstance(e, CheckpointError):
-    return "checkpoint", (f"{_first_line(e)} (remove the named directory "
-                          f"to fall back to an earlier step, or use another --workdir)")
+    return "checkpoint", (f"{_first_line(e)} (restore that directory from a copy, or "
+                          f"use another --workdir; a damaged newest training step is "
+                          f"skipped by itself)")
   if isinstance(e, LedgerError):
     return "ledger", _first_line(e)
   if isinstance(e, InfrastructureError):

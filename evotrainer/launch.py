@@ -108,7 +108,7 @@ def _check_flags(mode: str, workdir: str) -> None:
 def _approve() -> None:
   from evotrainer.evolution.controller import GateError, approve_gate
   if not FLAGS.workdir:
-    raise app.UsageError("--approve needs --workdir (the run that waits)")
+    raise app.UsageError("--approve=GATE needs --workdir (the run that waits)")
   try:
     print(approve_gate(FLAGS.workdir, FLAGS.approve))
   except GateError as e:
