@@ -63,7 +63,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            branches: int = 2, branch_steps: int = 30, proposer: str = "skills",
            skills_dir: str | None = None, human_gated: bool = False,
            branch_timeout_s: float = 1800, resume_from: str | None = None,
-           backtest: bool = True, mode: str = "evolve") -> dict:
+           backtest: bool = True, mode: str = "evolve", task=None) -> dict:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
   Args:
@@ -84,9 +84,12 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
       on the incumbent's stored rollouts before training it; one that fails the
       criterion of `controller.harness_backtester` is dropped.
     mode: 'evolve', or 'sweep' (run.mode).
+    task: the run's task (`run.task`, passed by `run`): its verifier and splits are
+      checked before anything trains and on every escalation (eval_check.py).
   """
   from evotrainer import config as config_lib
-  from evotrainer.evolution.controller import Controller
+  from evotrainer.evolution.controller import Controller, no_eval_check
+  from evotrainer.evolution.eval_check import task_eval_check
   from evotrainer.evolution.ledger import Ledger
   from evotrainer.evolution.skills import SEED_DIR, SkillLibrary
   from evotrainer.evolution.sweep import gin_harness_builder
@@ -118,6 +121,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
                             branches=branches, generations=generations, seed=seed,
                             values=space.current_values(), proposer=proposer,
                             human_gated=human_gated, progress=True,
+                            eval_check=task_eval_check(task) if task is not None
+                            else no_eval_check,
                             harness_builder=gin_harness_builder() if backtest else None)
     if mode == "sweep":
       rows = sweep_lib.Sweep(controller, variants, parent=cfg["parent"],
@@ -154,7 +159,7 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
     raise ValueError(f"run.mode={mode!r}; expected one of {MODES}")
   if mode in ("evolve", "sweep"):  # the controller itself never touches JAX
     start = time.time()
-    summary = evolve(workdir, seed, mode=mode)
+    summary = evolve(workdir, seed, mode=mode, task=task)
     summary["wall_s"] = round(time.time() - start, 2)
     _write_summary(workdir, summary)
     return summary

@@ -119,8 +119,9 @@ def test_bad_gin_binding_is_a_clear_error(tmp_path):
 
 @pytest.mark.slow
 def test_evolve_mode_end_to_end(tmp_path):
-  """The controller trains a root and a branch in child processes (branch mode), from the
-  parent's state, and records them in the ledger and summary.json."""
+  """The controller trains a root, a branch and the generation's control branch in child
+  processes (branch mode), from the parent's state, and records them in the ledger and
+  summary.json."""
   workdir = tmp_path / "evo"
 
   def evolve(generations):  # 1 branch of 2 steps per generation, tiny budgets
@@ -137,11 +138,19 @@ def test_evolve_mode_end_to_end(tmp_path):
 
   evolve(1)
   summary = json.loads((workdir / "summary.json").read_text())
-  assert summary["mode"] == "evolve" and summary["incumbent"] in ("v0", "v1.0")
+  assert summary["mode"] == "evolve" and summary["incumbent"] in ("v0", "v1.0", "v1.c")
   versions = {v["id"]: v for v in summary["versions"]}
-  assert set(versions) == {"v0", "v1.0"}
-  assert versions["v1.0"]["parent"] == "v0"
+  assert set(versions) == {"v0", "v1.0", "v1.c"}
+  assert versions["v1.0"]["parent"] == versions["v1.c"]["parent"] == "v0"
   assert versions["v1.0"]["status"] in ("kept", "rejected") and versions["v1.0"]["reason"]
+  assert versions["v1.c"]["status"] in ("kept", "pruned")
+  assert versions["v1.c"]["intervention"].startswith("control")
+  # The control trained from the parent's state under the parent's bindings, and the
+  # branch was compared with it on the same problems.
+  control = json.loads((workdir / "versions" / "v1.c" / "branch_result.json").read_text())
+  assert set(control["per_problem"]) == set(
+      json.loads((workdir / "versions" / "v1.0" / "branch_result.json").read_text())
+      ["per_problem"])
   branch = json.loads((workdir / "versions" / "v1.0" / "branch_result.json").read_text())
   assert branch["checkpoint"].endswith("model") and branch["per_problem"]
   assert "starting from the parent's state" in (workdir / "versions" / "v1.0" /
@@ -184,3 +193,5 @@ def test_evolve_mode_end_to_end(tmp_path):
   (v2,) = [r for r in after if r[0] == "v2.0"]
   assert v2[1] == summary["incumbent"] and v2[2] == "rejected"
   assert v2[3].startswith("training failed") and "checksum" in v2[3], v2[3]
+  (c2,) = [r for r in after if r[0] == "v2.c"]  # the control fails the same way
+  assert c2[2] == "rejected" and c2[3].startswith("training failed"), c2

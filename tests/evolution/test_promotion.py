@@ -112,6 +112,77 @@ def test_holm_correction_rejects_borderline_gains_over_two_branches(tmp_path):
   assert ledger1.version("v1.0").status == "kept" and ledger1.incumbent().id == "v1.0"
 
 
+class ContinueTrainer(ShiftTrainer):
+  """ShiftTrainer where training on from a parent gains `gain` on every problem whatever
+  the bindings: continuing helps by itself."""
+
+  def __init__(self, shifts, gain):
+    super().__init__(shifts)
+    self.gain = gain
+
+  def train(self, **kw):
+    r = super().train(**kw)
+    if kw["parent_checkpoint"] is None:
+      return r
+    per = {p: v + self.gain for p, v in r.per_problem.items()}
+    return dataclasses.replace(r, per_problem=per, final={"avg8": sum(per.values()) / len(per)})
+
+
+def _one_knob(c, binding):
+  c.space.knobs = [k for k in c.space.knobs if k.binding == binding]
+  return c
+
+
+def _learned(tmp_path, name="run"):
+  return sorted(p.name for p in (tmp_path / name / "skills").glob("learned-*.json"))
+
+
+def test_a_change_is_credited_against_continuing_not_standing_still(tmp_path):
+  # Continuing gains +0.15 everywhere; 'rloo' adds only +-0.05 problem-level noise on top.
+  noise = _shift(0.5, 0.05, 0.05)
+  c, ledger, trainer = make(tmp_path, {}, trainer=ContinueTrainer({"'rloo'": noise}, 0.15),
+                            branches=1)
+  _one_knob(c, "Harness.estimator").run()
+  assert trainer.calls == ["v0", "v1.0", "v1.c"]
+  v, ctl = ledger.version("v1.0"), ledger.version("v1.c")
+  assert v.heldout["lo"] > 0.1  # far beyond noise against the parent ...
+  assert v.heldout["control_lo"] < 0 < v.heldout["control_hi"]  # ... not against continuing
+  assert v.status == "rejected" and v.heldout["verdict"] == "not_beyond_noise"
+  assert "vs v1.c" in v.reason
+  # Continuing itself beats the parent: the control becomes the incumbent, and no skill
+  # is learned from the change.
+  assert ctl.status == "kept" and ctl.heldout["verdict"] == "continued"
+  assert ledger.incumbent().id == "v1.c" and _learned(tmp_path) == []
+  assert ledger.decisions(version="v1.c")[0].intervention["control"] is True
+  # Without a control branch the same change is kept and learned as a skill: the credit
+  # for continuing goes to the change.
+  old, ledger2, _ = make(tmp_path, {}, name="old", control=False, branches=1,
+                         trainer=ContinueTrainer({"'rloo'": noise}, 0.15))
+  _one_knob(old, "Harness.estimator").run()
+  assert ledger2.incumbent().id == "v1.0" and len(_learned(tmp_path, "old")) == 1
+
+
+def test_a_change_equal_to_the_control_is_inert(tmp_path):
+  # The trainer ignores the learning rate: the branch's results equal the control's.
+  c, ledger, _ = make(tmp_path, {}, trainer=ContinueTrainer({}, 0.15), branches=1)
+  _one_knob(c, "Learner.learning_rate").run()
+  v = ledger.version("v1.0")
+  assert v.heldout["inert"] is True and v.heldout["verdict"] == "inert"
+  assert v.status == "rejected" and v.reason.startswith("inert")
+  assert ledger.incumbent().id == "v1.c" and _learned(tmp_path) == []
+
+
+def test_a_change_that_beats_the_control_is_kept_and_the_control_pruned(tmp_path):
+  c, ledger, _ = make(tmp_path, {}, branches=1,
+                      trainer=ContinueTrainer({"'rloo'": _shift(1.0, 0.1, 0.0)}, 0.15))
+  _one_knob(c, "Harness.estimator").run()
+  v, ctl = ledger.version("v1.0"), ledger.version("v1.c")
+  assert v.status == "kept" and v.heldout["control_diff"] == pytest.approx(0.1)
+  assert "beats v1.c beyond noise" in v.reason and ledger.incumbent().id == "v1.0"
+  assert ctl.status == "pruned" and ctl.heldout["verdict"] == "control"
+  assert len(_learned(tmp_path)) == 1
+
+
 class PoisonedIncumbentTrainer(ScriptedTrainer):
   """Children of a generation-1 version collapse whatever they change."""
 
@@ -135,10 +206,11 @@ def test_collapsing_children_demote_the_incumbent_and_say_so(tmp_path):
   assert len(kept) == 1 and kept[0].startswith("v1.")
   v1 = ledger.version(kept[0])
   gen2 = [v for v in ledger.versions() if v.id.startswith("v2.")]
-  assert len(gen2) == 2
+  assert [v.id for v in gen2] == ["v2.0", "v2.1", "v2.c"]  # two changes and the control
   for v in gen2:
     assert v.heldout["verdict"] == "collapsed" and v.reason.startswith("collapsed")
-  assert v1.status == "rejected" and v1.reason.startswith("unstable: 2 of 2")
+  assert ledger.version("v2.c").status == "pruned"  # a control is never rejected
+  assert v1.status == "rejected" and v1.reason.startswith("unstable: 3 of 3")
   assert ledger.incumbent().id == "v0"
   d = [d for d in ledger.decisions() if d.id == "g2-suspect"]
   assert d and d[0].outcome == "failure"
