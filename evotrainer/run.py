@@ -73,7 +73,9 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
     space: the SearchSpace (gin/evolution/*.gin): the only bindings that may change.
     generations, branches: generations after the root, branches (K) per generation.
     branch_steps: RL steps of each branch (`train.steps` in the child).
-    proposer: 'skills' (default), 'recipe' (hyper-parameters only) or 'random'.
+    proposer: 'skills' (default), 'recipe' (hyper-parameters only), 'random', or 'proxy'
+      (chases the proxy reward: harness-side changes ranked by the reward gain their
+      backtest predicts; the hackable demo's proposer).
     skills_dir: a skills directory from an earlier run to start from (its skills are
       copied into this run's skills/ first), else the seed skills shipped with the package.
     human_gated: pause at the gates until <workdir>/approve exists.

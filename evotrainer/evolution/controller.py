@@ -85,7 +85,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     values: initial {binding: value} of the space (default: `space.current_values()`).
     validators / diagnostics: active components, instances (default: DEFAULT_VALIDATORS
       / DEFAULT_DIAGNOSTICS from the harness libraries).
-    proposer: 'skills' | 'recipe' | 'random' (proposers.py).
+    proposer: 'skills' | 'recipe' | 'random' | 'proxy' (proposers.py).
     alpha, bootstrap_n: the paired bootstrap's level and resamples.
     backtester: `(store_root, version, values_before, values_after, iv) -> dict | None`
       with 'passed' (and 'why'); None to skip. Default: `harness_backtester` when
@@ -333,15 +333,15 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
                    avoid_groups=esc.get("avoid_groups", ()))
     self._gate("design", gen, {"incumbent": inc.id, "hypotheses": [
         h.statement for h in hyps[:2 * self.k]]})
+    backtests = {}
+    if self.proposer == "proxy":
+      hyps, backtests = self._rank_by_proxy(hyps, r, inc.id, values)
     branches, dropped = [], []
     for h in hyps:
       if len(branches) >= self.k:
         break
       did = f"g{gen}-d{len(branches) + len(dropped)}"
-      bt = None
-      if self.backtester is not None and is_harness_side(h.intervention, h.group):
-        bt = self.backtester(r.rollouts, inc.id, values,
-                             self.space.apply(values, h.intervention), h.intervention)
+      bt = backtests.get(h.intervention.id) or self._backtest(h, r, inc.id, values)
       if bt is not None and not bt.get("passed", True):
         with self.ledger.transaction():
           self.ledger.add_decision(did, inc.id, hypothesis=h.statement,
@@ -360,6 +360,30 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     return {"parent": inc.id, "seed": self._train_seed(gen), "branches": branches,
             "control": control, "dropped": dropped, "escalation": esc or None,
             "harness": self.ledger.get_meta("controller/harness")}
+
+  def _backtest(self, h: Hypothesis, r: BranchResult, vid: str,
+                values: Mapping) -> Optional[dict]:
+    """The backtester's verdict on a harness-side hypothesis (None: not backtested)."""
+    if self.backtester is None or not is_harness_side(h.intervention, h.group):
+      return None
+    return self.backtester(r.rollouts, vid, values, self.space.apply(values, h.intervention),
+                           h.intervention)
+
+  def _rank_by_proxy(self, hyps: Sequence[Hypothesis], r: BranchResult, vid: str,
+                     values: Mapping) -> tuple[list, dict]:
+    """The proxy-chasing proposer's order: hypotheses by the mean reward gain their
+    backtest predicts on `vid`'s stored rollouts (those without a backtest last), and the
+    backtests by intervention id."""
+    backtests = {h.intervention.id: self._backtest(h, r, vid, values) for h in hyps}
+
+    def gain(h: Hypothesis) -> float:
+      bt = backtests[h.intervention.id] or {}
+      after, before = bt.get("reward_after"), bt.get("reward_before")
+      if after is None or before is None or math.isnan(after - before):
+        return -math.inf
+      return after - before
+
+    return sorted(hyps, key=gain, reverse=True), backtests
 
   # ---------------------------------------------------------------- train
 

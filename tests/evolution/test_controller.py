@@ -393,6 +393,22 @@ def test_random_proposer_covers_the_space(tmp_path):
   assert len({d.intervention["binding"] for d in changes(ledger)}) == 4
 
 
+def test_proxy_proposer_trains_what_the_backtest_says_pays_most(tmp_path):
+  gains = {"RewardComposer.parts": 0.4, "Harness.estimator": 0.1}
+
+  def backtester(store_root, version, before, after, iv):
+    return {"passed": True, "why": "criterion met", "reward_before": 0.3,
+            "reward_after": 0.3 + gains[iv.binding]}
+
+  c, ledger, _ = make(tmp_path, EFFECTS, proposer="proxy", branches=2, backtester=backtester)
+  c.run()
+  # The reward part (+0.4) first, then the estimator (+0.1); learner knobs (no backtest)
+  # after both.
+  assert [d.intervention["binding"] for d in changes(ledger)] == ["RewardComposer.parts",
+                                                                 "Harness.estimator"]
+  assert changes(ledger)[0].backtest["reward_after"] == pytest.approx(0.7)
+
+
 def test_skill_proposals_come_first(tmp_path):
   # A finding that a seed skill matches: proxy rising while BC is flat on the incumbent.
   class HackRoot(ScriptedTrainer):
