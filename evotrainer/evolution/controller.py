@@ -461,7 +461,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
                        "heldout_avg8": None if avg8 is None or (isinstance(avg8, float)
                                                                 and math.isnan(avg8)) else avg8,
                        "proxy_reward": v.metrics.get("proxy_reward"), "reason": v.reason,
-                       "verdict": v.heldout.get("verdict")})
+                       "verdict": v.heldout.get("verdict"),
+                       "validators": v.heldout.get("validators", {})})
     wall = self.ledger.get_meta("controller/wall_s", 0.0) + time.time() - self._t0
     return {"mode": "evolve", "wall_s": round(wall, 3), "incumbent": inc and inc.id,
             "generations": self.ledger.get_meta("controller/generation", 0),

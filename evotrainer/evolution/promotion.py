@@ -65,7 +65,7 @@ class Promotion:
     verdicts = run_validators(self._validators, self.evidence(vid, pev))
     self.ledger.update_version(vid, heldout={
         **self.ledger.version(vid).heldout, "noise": (hi - lo) / 2, "diff": diff,
-        "lo": lo, "hi": hi, "p": t["p"]})
+        "lo": lo, "hi": hi, "p": t["p"], "validators": {v.validator: v.state for v in verdicts}})
     return {"version": vid, "avg8": _avg8(r), "parent_avg8": _avg8(pres), "proxy": _proxy(r),
             "diff": diff, "lo": lo, "hi": hi, "p": t["p"], "verdicts": verdicts,
             "failed": [v for v in verdicts if not v.passed]}

@@ -4,7 +4,8 @@ diagnostics block invalid branches"). They never shape the reward.
 Each validator is a gin-configurable class (`module="harness"`) with a `name` and
 `__call__(evidence: Evidence) -> Verdict`; the verdict carries the statistic, the
 threshold and a one-line reason that starts with the validator's name. A validator
-without the evidence it needs passes, and its reason says so (value NaN).
+without the evidence it needs passes unjudged: `applicable` False, state 'n/a', value NaN,
+and its reason says so (the report lists it as not applicable, never as passed).
 
   proxy_true_disagreement    shaped reward rises over a window while BC stays flat
   strict_verifier_agreement  a stricter verifier re-checks a sample of `correct` labels
@@ -51,7 +52,8 @@ def window_rise(values: Sequence[float]) -> float:
 
 
 def _skip(name: str, threshold: float, why: str) -> Verdict:
-  return Verdict(name, True, float("nan"), float(threshold), f"{name}: pass, {why}")
+  return Verdict(name, True, float("nan"), float(threshold), f"{name}: not applicable, {why}",
+                 applicable=False)
 
 
 @gin.configurable(module="harness")

@@ -431,6 +431,24 @@ def _overview(versions: Sequence[VersionRecord], test: Mapping[str, Mapping]) ->
 # ------------------------------------------------------------------ entry point
 
 
+def _validators(versions: Sequence[VersionRecord]) -> str:
+  """Per active validator, the versions it passed, failed, and could not judge for lack
+  of evidence ('not applicable': never counted as passed)."""
+  counts: dict = {}
+  for v in versions:
+    for name, state in (v.heldout.get("validators") or {}).items():
+      counts.setdefault(name, {"pass": [], "fail": [], "n/a": []}).setdefault(
+          state, []).append(v.id)
+  if not counts:
+    return "<p>No version was judged by a validator.</p>"
+  rows = "".join(
+      f"<tr><td>{_e(name)}</td><td>{len(c['pass'])}</td><td>{len(c['fail'])}"
+      f"{' (' + _e(', '.join(c['fail'])) + ')' if c['fail'] else ''}</td>"
+      f"<td>{len(c['n/a'])}</td></tr>" for name, c in sorted(counts.items()))
+  return ("<table><tr><th>validator</th><th>passed</th><th>failed</th>"
+          "<th>not applicable (no evidence)</th></tr>" + rows + "</table>")
+
+
 def render_html(workdir: str | os.PathLike, ledger: Ledger) -> str:
   """The report page of the run in `workdir` as a string."""
   workdir = pathlib.Path(workdir)
@@ -448,6 +466,7 @@ def render_html(workdir: str | os.PathLike, ledger: Ledger) -> str:
               *([("Sweep", _sweep(sweep))] if sweep else []),
               ("Metric curves", _curves(versions, workdir)),
               ("Findings", _findings(ledger, versions, workdir)),
+              ("Validators", _validators(versions)),
               ("Decision records", _decisions(ledger)),
               ("Skills", _skills(ledger, workdir))]
   return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
