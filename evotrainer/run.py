@@ -125,6 +125,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
                             human_gated=human_gated, progress=True,
                             eval_check=task_eval_check(task) if task is not None
                             else no_eval_check,
+                            strict_verify=getattr(task, "strict_verify", None),
                             harness_builder=gin_harness_builder() if backtest else None)
     if mode == "sweep":
       rows = sweep_lib.Sweep(controller, variants, parent=cfg["parent"],

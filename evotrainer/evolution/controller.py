@@ -107,6 +107,9 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
       share of its parent's is reported as collapsed (not just worse).
     control: train a control branch per generation (the parent continued unchanged with
       the generation's seed and steps) and credit each change against it.
+    strict_verify: `(gold, completion) -> bool`, the domain's strict verifier, given to
+      validators in the evidence (`strict_verifier_agreement`); None: that validator is
+      not applicable.
     progress: a bar over the trainings and one line per event on the terminal.
   """
 
@@ -123,7 +126,9 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
                human_gated: bool = False,
                approve: Optional[Callable[[dict], bool]] = None, poll_s: float = 2.0,
                gate_timeout_s: Optional[float] = None, learn_skills: bool = True,
-               collapse_fraction: float = 0.5, control: bool = True, progress: bool = False):
+               collapse_fraction: float = 0.5, control: bool = True,
+               strict_verify: Optional[Callable[[str, str], bool]] = None,
+               progress: bool = False):
     self.ledger, self.trainer, self.space, self.skills = ledger, trainer, space, skills
     self.workdir = pathlib.Path(workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
@@ -136,6 +141,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     self.gap_generations, self.separation = gap_generations, separation
     self.explain_tol = explain_tol
     self.collapse_fraction, self.control = collapse_fraction, control
+    self.strict_verify = strict_verify
     self.human_gated, self.approve = human_gated, approve
     self.poll_s, self.gate_timeout_s, self.learn_skills = poll_s, gate_timeout_s, learn_skills
     self._given = {"validators": validators, "diagnostics": diagnostics}
@@ -283,7 +289,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     if r is None:
       return Evidence(episodes=[], series={}, heldout={}, parent=parent)
     return Evidence(episodes=self._episodes(vid, r), series=dict(r.series),
-                    heldout={**r.final, "avg8": _avg8(r)}, parent=parent)
+                    heldout={**r.final, "avg8": _avg8(r)}, parent=parent,
+                    strict_verify=self.strict_verify)
 
   # ---------------------------------------------------------------- plan
 

@@ -23,7 +23,7 @@ from evotrainer.evolution.ledger import GOOD, ROOT
 
 DEFAULT_DIAGNOSTICS = ("bc", "reward", "score_trend", "dead_group_ratio", "entropy",
                        "truncation")
-DEFAULT_VALIDATORS = ("proxy_true_disagreement", "exploit_probe")
+DEFAULT_VALIDATORS = ("proxy_true_disagreement", "exploit_probe", "strict_verifier_agreement")
 
 
 def _config(obj: Any) -> dict:

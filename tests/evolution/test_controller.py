@@ -175,8 +175,10 @@ def test_summary_json_fields(tmp_path):
                       "proxy_reward", "reason"}
   hack = next(v for v in s["versions"] if "hack" in v["intervention"])
   assert "proxy_true_disagreement" in hack["reason"] and hack["status"] == "rejected"
-  # Scripted results carry no exploit_recovery figure: that validator could not judge.
-  assert hack["validators"] == {"proxy_true_disagreement": "fail", "exploit_probe": "n/a"}
+  # Scripted results carry no exploit_recovery figure and there is no strict verifier:
+  # those validators could not judge.
+  assert hack["validators"] == {"proxy_true_disagreement": "fail", "exploit_probe": "n/a",
+                                "strict_verifier_agreement": "n/a"}
   root = s["versions"][0]
   assert root["id"] == "v0" and root["parent"] is None and root["intervention"] == "(root)"
 

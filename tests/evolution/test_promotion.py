@@ -270,3 +270,54 @@ def test_attach_test_without_test_files_reports_none():
   s = attach_test({"versions": [{"id": "v0", "parent": None, "heldout_avg8": 0.5}],
                    "incumbent": "v0"}, "/nonexistent")
   assert s["versions"][0]["test_avg8"] is None and "selection" not in s
+
+
+class LenientLabelsTrainer(ShiftTrainer):
+  """A planted fault: the 'rloo' branch gains +0.1 on validation, and its stored training
+  episodes were labelled correct by a lenient verifier although their tagged answer is
+  wrong (gold 7, answer 8, the 7 in the worked steps)."""
+
+  def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
+    from evotrainer.rollouts import RolloutStore
+    from tests.harness import make_episode
+    r = super().train(version=version, parent_checkpoint=parent_checkpoint,
+                      bindings=bindings, seed=seed, workdir=workdir)
+    lenient = any("'rloo'" in b for b in bindings)
+    eps = [make_episode(row=i, group=i // 4, answer="7", reward_parts={"correct": 1.0},
+                        completion="3+4 = 7\n<answer>" + ("8" if lenient else "7") + "</answer>")
+           for i in range(16)]
+    RolloutStore(f"{workdir}/rollouts").write(version, 0, "train", eps,
+                                              meta={"group_size": 4})
+    return dataclasses.replace(r, rollouts=f"{workdir}/rollouts")
+
+
+def test_the_strict_verifier_rejects_a_branch_trained_on_lenient_labels(tmp_path):
+  from evotrainer.tasks.math import MathTask
+  shifts = {"'rloo'": _shift(1.0, 0.1, 0.0)}
+  with MathTask(num_validation=10, num_test=10) as task:
+    c, ledger, _ = make(tmp_path, {}, trainer=LenientLabelsTrainer(shifts), branches=1,
+                        strict_verify=task.strict_verify)
+    _one_knob(c, "Harness.estimator").run()
+  v = ledger.version("v1.0")
+  assert v.heldout["control_lo"] > 0  # beyond noise, and yet:
+  assert v.status == "rejected" and v.heldout["verdict"] == "validator"
+  assert "strict_verifier_agreement" in v.reason and "agrees on 0.000 of 16" in v.reason
+  assert v.heldout["validators"]["strict_verifier_agreement"] == "fail"
+  assert ledger.version("v1.c").heldout["validators"]["strict_verifier_agreement"] == "pass"
+  # Without a strict verifier the validator cannot judge, says so, and the branch is kept.
+  c2, ledger2, _ = make(tmp_path, {}, name="blind", trainer=LenientLabelsTrainer(shifts),
+                        branches=1)
+  _one_knob(c2, "Harness.estimator").run()
+  v2 = ledger2.version("v1.0")
+  assert v2.status == "kept"
+  assert v2.heldout["validators"]["strict_verifier_agreement"] == "n/a"
+
+
+def test_math_strict_verify_by_hand():
+  from evotrainer.tasks.math import MathTask
+  with MathTask(num_validation=10, num_test=10) as task:
+    assert task.strict_verify("7", "3+4 = 7\n<answer>7</answer>")
+    assert task.strict_verify("7", "<answer>7.0</answer>")
+    assert not task.strict_verify("7", "3+4 = 7\n<answer>8</answer>")
+    assert not task.strict_verify("7", "the answer is 7")  # no tag: no answer
+    assert task.strict_verify("\\frac{1}{2}", "<answer>\\frac{1}{2}</answer>")
