@@ -63,7 +63,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            branches: int = 2, branch_steps: int = 30, proposer: str = "skills",
            skills_dir: str | None = None, human_gated: bool = False,
            branch_timeout_s: float = 1800, resume_from: str | None = None,
-           backtest: bool = True, mode: str = "evolve", task=None) -> dict:
+           backtest: bool = True, control: bool = True, mode: str = "evolve",
+           task=None) -> dict:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
   Args:
@@ -85,6 +86,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
     backtest: replay each harness-side intervention (reward parts, filters, estimator)
       on the incumbent's stored rollouts before training it; one that fails the
       criterion of `controller.harness_backtester` is dropped.
+    control: train a control branch per generation (the parent continued unchanged for
+      the same steps) and credit each change against it (promotion.py).
     mode: 'evolve', or 'sweep' (run.mode).
     task: the run's task (`run.task`, passed by `run`): its verifier and splits are
       checked before anything trains and on every escalation (eval_check.py).
@@ -126,6 +129,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
                             eval_check=task_eval_check(task) if task is not None
                             else no_eval_check,
                             strict_verify=getattr(task, "strict_verify", None),
+                            control=control,
                             harness_builder=gin_harness_builder() if backtest else None)
     if mode == "sweep":
       rows = sweep_lib.Sweep(controller, variants, parent=cfg["parent"],
@@ -222,9 +226,9 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
     # The test split, reported only: the warm start (the model's own parameters are
     # untouched by training) and the trained policy, with the same keys.
     ti, _ = test_evaluation(result["rollout"], nnx.state(model), task)
-    tf, _ = test_evaluation(result["rollout"], result["state"].params, task)
+    tf, tper = test_evaluation(result["rollout"], result["state"].params, task)
     if tf:
-      summary["test"] = {"initial": ti, "final": tf}
+      summary["test"] = {"initial": ti, "final": tf, "per_problem": tper}
       _print("[evotrainer] test before -> after RL: " + ", ".join(
           f"{k} {ti[k]:.3f} -> {tf[k]:.3f}" for k in ti))
   summary["wall_s"] = round(time.time() - start, 2)
