@@ -339,19 +339,28 @@ def _exploit_recovery(task, tok, num_problems: int = 64) -> float:
                           Harness().composer, tok.encode)
 
 
+# A branch's training series: {name: metrics.jsonl keys summed}, one value per step.
+_SERIES = {"correct": ("correct",), "reward": ("reward",),
+           "entropy": ("learner/entropy",), "length": ("length_mean",),
+           "truncated": ("truncated",),
+           "clip_frac": ("learner/clip_frac_low", "learner/clip_frac_high")}
+
+
 def _branch_result(workdir, version, out, model_dir, store) -> dict:
   """What the controller reads back: held-out figures with the per-problem scores a
-  paired bootstrap needs, the training series (BC and proxy reward per step), paths."""
+  paired bootstrap needs, the training series (`_SERIES`: BC, proxy reward, entropy,
+  length, truncation, clip fraction per step; None where a step lacks one), paths."""
   steps = store.steps(version, "heldout")
   final = store.read(version=version, step=steps[-1], split="heldout") if steps else []
-  series: dict = {"correct": [], "reward": []}
+  series: dict = {k: [] for k in _SERIES}
   metrics_path = pathlib.Path(workdir) / "metrics.jsonl"
   if metrics_path.exists():
     for line in metrics_path.read_text().splitlines():
       row = json.loads(line)
-      if "reward" in row:
-        series["correct"].append(row["correct"])
-        series["reward"].append(row["reward"])
+      if "reward" in row:  # a training step's row
+        for name, keys in _SERIES.items():
+          vals = [row.get(k) for k in keys]
+          series[name].append(None if None in vals else float(sum(vals)))
   return {"version": version, "steps": out["steps"], "initial": out["initial"],
           "final": out["final"], "checkpoint": model_dir,
           "rollouts": str(pathlib.Path(workdir) / "rollouts"),

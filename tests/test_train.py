@@ -153,6 +153,10 @@ def test_evolve_mode_end_to_end(tmp_path):
       ["per_problem"])
   branch = json.loads((workdir / "versions" / "v1.0" / "branch_result.json").read_text())
   assert branch["checkpoint"].endswith("model") and branch["per_problem"]
+  # The training series the stability gate reads, one value per RL step (2 steps).
+  assert {k: len(v) for k, v in branch["series"].items()} == {
+      k: 2 for k in ("correct", "reward", "entropy", "length", "truncated", "clip_frac")}
+  assert all(v is not None for v in branch["series"]["entropy"])
   assert "starting from the parent's state" in (workdir / "versions" / "v1.0" /
                                                  "branch.log").read_text()
   report = (workdir / "report.html").read_text()

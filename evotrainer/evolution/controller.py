@@ -300,7 +300,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     from evotrainer.types import Finding
     episodes = self._episodes(inc.id, r, "train")
     learner = {k: v[-1] for k, v in r.series.items() if isinstance(v, list) and v
-               and k not in ("correct", "reward")}
+               and v[-1] is not None and k not in ("correct", "reward")}
     parent = self.result(inc.parent) if inc.parent else None
     context = {"heldout": {**r.final, "avg8": _avg8(r)}, "series": dict(r.series),
                "learner": learner}

@@ -16,6 +16,9 @@ and its reason says so (the report lists it as not applicable, never as passed).
   canary_prompts             accuracy on prompts with known answers
   exploit_probe              the share of the right-vs-wrong reward margin a known
                              exploit recovers (harness/probes.py)
+  training_stability         the branch's training drifted toward collapse (entropy,
+                             length, truncation, clip fraction rising; reward falling:
+                             harness/stability.py), whatever its final score
 
 `VALIDATORS` maps these names to classes; `run_validators` runs a list of instances. A
 validator of your own registers like a diagnostic: give it `name` and `__call__`,
@@ -34,6 +37,7 @@ import numpy as np
 
 from evotrainer.harness.base import Episode, Evidence, Verdict, registrar
 from evotrainer.harness.diagnostics import lengths_of, pearson, rewards_of
+from evotrainer.harness.stability import drift_signals
 from evotrainer.tasks.verify import count_candidates, extract_answer, fast_verdict
 
 _EPS = 1e-9  # slack for float round-off in threshold comparisons
@@ -291,6 +295,33 @@ class CanaryPrompts:
                    f"from {source} (min {self.min_accuracy})")
 
 
+@gin.configurable(module="harness")
+class TrainingStability:
+  """Fails when the branch's training segment (`evidence.series`) drifted toward
+  collapse: at least `min_signals` of `stability.drift_signals`, or the sampled reward
+  falling below half its best alone. Too short a series (< 2 x `window` steps): not
+  applicable.
+  """
+
+  name = "training_stability"
+
+  def __init__(self, min_signals: int = 2, window: int = 5, signal_kw: Optional[dict] = None):
+    self.min_signals, self.window, self.signal_kw = min_signals, window, dict(signal_kw or {})
+
+  def __call__(self, evidence: Evidence) -> Verdict:
+    series = evidence.series or {}
+    if max((len(v) for v in series.values()), default=0) < 2 * self.window:
+      return _skip(self.name, self.min_signals,
+                   f"fewer than {2 * self.window} steps of training series")
+    signals = drift_signals(series, self.window, **self.signal_kw)
+    failed = (len(signals) >= self.min_signals
+              or any(s["series"] == "reward" for s in signals))
+    what = "; ".join(s["why"] for s in signals) or "no drift"
+    return Verdict(self.name, not failed, float(len(signals)), float(self.min_signals),
+                   f"{self.name}: {'fail' if failed else 'pass'}, {len(signals)} drift "
+                   f"signals (max {self.min_signals - 1}): {what}")
+
+
 VALIDATORS: dict = {}
 
 
@@ -298,7 +329,7 @@ register = registrar(VALIDATORS, "validator")
 
 
 for _cls in (ProxyTrueDisagreement, StrictVerifierAgreement, LengthGaming, AnswerSpamming,
-             LeakDetector, CanaryPrompts, ExploitProbe):
+             LeakDetector, CanaryPrompts, ExploitProbe, TrainingStability):
   register(_cls)
 
 
@@ -319,5 +350,5 @@ def run_validators(validators: Sequence, evidence: Evidence) -> list:
 
 
 __all__ = ["SWE_GIT_HISTORY", "VALIDATORS", "AnswerSpamming", "CanaryPrompts",
-           "LeakDetector", "LengthGaming", "ProxyTrueDisagreement",
+           "LeakDetector", "LengthGaming", "ProxyTrueDisagreement", "TrainingStability",
            "StrictVerifierAgreement", "register", "run_validators", "window_rise"]

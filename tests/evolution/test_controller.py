@@ -177,8 +177,10 @@ def test_summary_json_fields(tmp_path):
   assert "proxy_true_disagreement" in hack["reason"] and hack["status"] == "rejected"
   # Scripted results carry no exploit_recovery figure and there is no strict verifier:
   # those validators could not judge.
+  # Its 10-step series is long enough for the stability gate, and shows no drift.
   assert hack["validators"] == {"proxy_true_disagreement": "fail", "exploit_probe": "n/a",
-                                "strict_verifier_agreement": "n/a"}
+                                "strict_verifier_agreement": "n/a",
+                                "training_stability": "pass"}
   root = s["versions"][0]
   assert root["id"] == "v0" and root["parent"] is None and root["intervention"] == "(root)"
 

@@ -321,3 +321,29 @@ def test_math_strict_verify_by_hand():
     assert not task.strict_verify("7", "3+4 = 7\n<answer>8</answer>")
     assert not task.strict_verify("7", "the answer is 7")  # no tag: no answer
     assert task.strict_verify("\\frac{1}{2}", "<answer>\\frac{1}{2}</answer>")
+
+
+class DriftTrainer(ShiftTrainer):
+  """The 'rloo' branch gains +0.1 on validation while its training drifts: entropy
+  0.13 -> 0.22 and length 9.9 -> 14.4 over 50 steps (the shape of a collapse's start)."""
+
+  def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
+    import numpy as np
+    r = super().train(version=version, parent_checkpoint=parent_checkpoint,
+                      bindings=bindings, seed=seed, workdir=workdir)
+    drift = any("'rloo'" in b for b in bindings)
+    series = {"correct": [0.3] * 50, "reward": [0.3] * 50,
+              "entropy": list(np.linspace(0.13, 0.22 if drift else 0.13, 50)),
+              "length": list(np.linspace(9.9, 14.4 if drift else 9.9, 50))}
+    return dataclasses.replace(r, series=series)
+
+
+def test_a_version_drifting_toward_collapse_is_not_kept(tmp_path):
+  c, ledger, _ = make(tmp_path, {}, branches=1,
+                      trainer=DriftTrainer({"'rloo'": _shift(1.0, 0.1, 0.0)}))
+  _one_knob(c, "Harness.estimator").run()
+  v = ledger.version("v1.0")
+  assert v.heldout["control_lo"] > 0 and v.status == "rejected"
+  assert v.reason.startswith("rejected by validator training_stability")
+  assert "entropy rose" in v.reason and "length crept" in v.reason
+  assert ledger.version("v1.c").heldout["validators"]["training_stability"] == "pass"
