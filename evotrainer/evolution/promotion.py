@@ -158,6 +158,8 @@ class Promotion:
           self.ledger.set_skill_outcome(x["version"], skill, outcome)
         self.ledger.update_version(x["version"], heldout={
             **self.ledger.version(x["version"]).heldout, "verdict": x["verdict"]})
+        if x["verdict"] == "collapsed":
+          self.ledger.add_findings(x["version"], [self._collapse_finding(x)], stage="verify")
         if x is best:
           self.ledger.promote(x["version"], reason)
         elif x.get("control"):
@@ -174,6 +176,27 @@ class Promotion:
                         f"{outcomes[x['version']][0]}")
     if suspect:
       self.progress.say(suspect)
+
+  def _collapse_finding(self, x: Mapping):
+    """A 'collapse' finding for a collapsed branch, with its evidence: the two ends of its
+    entropy, length and reward curves, and completions of its last training step."""
+    from evotrainer.harness.base import snippet
+    from evotrainer.types import Finding
+    r = self.result(x["version"])
+    evidence = []
+    for name in ("entropy", "length", "reward"):
+      v = [a for a in (r.series.get(name) or []) if a is not None]
+      if v:
+        evidence.append((f"series:{name}", f"{v[0]:.4g} -> {v[-1]:.4g} over {len(v)} steps"))
+    episodes = self._episodes(x["version"], r, "train")
+    last = [e for e in episodes if e.step == max((e.step for e in episodes), default=0)]
+    evidence += [(e.episode_id, snippet(e.completion, 120)) for e in last[:3]]
+    return Finding(kind="collapse", layer="model", severity=1.0, value=float(x["avg8"]),
+                   threshold=float(self.collapse_fraction * x["parent_avg8"]),
+                   message=f"collapsed: validation avg8 {x['avg8']:.4f}, below "
+                           f"{self.collapse_fraction:.0%} of its parent's "
+                           f"{x['parent_avg8']:.4f}",
+                   evidence=tuple(evidence))
 
   def _reason(self, x: Mapping, best: Optional[Mapping], parent: str, k: int) -> tuple:
     """(why, decision outcome) of a verdict."""

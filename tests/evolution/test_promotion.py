@@ -210,6 +210,10 @@ def test_collapsing_children_demote_the_incumbent_and_say_so(tmp_path):
   for v in gen2:
     assert v.heldout["verdict"] == "collapsed" and v.reason.startswith("collapsed")
   assert ledger.version("v2.c").status == "pruned"  # a control is never rejected
+  # Each collapse is a finding with its evidence (here: the reward curve's two ends).
+  (f,) = ledger.findings(version="v2.0", stage="verify")
+  assert f.kind == "collapse" and f.severity == 1.0 and f.value < f.threshold
+  assert [list(e) for e in f.evidence] == [["series:reward", "0.3 -> 0.3 over 10 steps"]]
   assert v1.status == "rejected" and v1.reason.startswith("unstable: 3 of 3")
   assert ledger.incumbent().id == "v0"
   d = [d for d in ledger.decisions() if d.id == "g2-suspect"]
