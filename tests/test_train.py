@@ -157,8 +157,11 @@ def test_evolve_mode_end_to_end(tmp_path):
   assert {k: len(v) for k, v in branch["series"].items()} == {
       k: 2 for k in ("correct", "reward", "entropy", "length", "truncated", "clip_frac")}
   assert all(v is not None for v in branch["series"]["entropy"])
-  assert "starting from the parent's state" in (workdir / "versions" / "v1.0" /
-                                                 "branch.log").read_text()
+  log = (workdir / "versions" / "v1.0" / "branch.log").read_text()
+  assert "starting from the parent's state" in log
+  # The main job's path at a new user's default device count (XLA_FLAGS cleared: no fake
+  # devices), not the 8 fake devices of the test process.
+  assert "devices=1 " in log
   report = (workdir / "report.html").read_text()
   assert "v1.0" in report and "<svg" in report
   # The test split: scored beside each branch result (never in it), joined to the
