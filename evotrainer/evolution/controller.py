@@ -478,10 +478,11 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
   def write_summary(self, extra: Optional[Mapping] = None) -> pathlib.Path:
     """summary.json (`summary()` updated with `extra`), and report.html regenerated beside
     it (a report that fails to render is logged, never the end of the run)."""
-    from evotrainer.report.test_split import attach_test
+    from evotrainer.report.test_split import attach_test, gate_power
     path = self.workdir / "summary.json"
     # Test scores join the summary here, after every decision, and nowhere else.
-    write_json(path, attach_test({**self.summary(), **(extra or {})}, self.workdir))
+    summary = attach_test({**self.summary(), **(extra or {})}, self.workdir)
+    write_json(path, {**summary, "gate": gate_power(self.ledger, self.workdir)})
     try:
       from evotrainer.report import render_report
       render_report(self.workdir, ledger=self.ledger)

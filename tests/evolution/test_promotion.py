@@ -351,3 +351,42 @@ def test_a_version_drifting_toward_collapse_is_not_kept(tmp_path):
   assert v.reason.startswith("rejected by validator training_stability")
   assert "entropy rose" in v.reason and "length crept" in v.reason
   assert ledger.version("v1.c").heldout["validators"]["training_stability"] == "pass"
+
+
+class FreshSetTrainer(ShiftTrainer):
+  """Also writes a test evaluation: the base scores plus `test_shift` for the bindings
+  that match (how each branch truly does on fresh problems)."""
+
+  def __init__(self, shifts, test_shift):
+    super().__init__(shifts)
+    self.test_shift = test_shift
+
+  def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
+    r = super().train(version=version, parent_checkpoint=parent_checkpoint,
+                      bindings=bindings, seed=seed, workdir=workdir)
+    shift = sum(v for key, v in self.test_shift.items() for b in bindings if key in b)
+    per = {p: v + shift for p, v in self.base.items()}
+    pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
+    (pathlib.Path(workdir) / TEST_FILE).write_text(json.dumps(
+        {"version": version, "final": {"avg8": sum(per.values()) / len(per)},
+         "per_problem": per}))
+    return r
+
+
+def test_gate_power_against_the_test_split_by_hand(tmp_path):
+  # Validation: rloo +0.1 (kept), lr +0.0 (noise, rejected). Test: rloo +0.1 and lr
+  # +0.05: both truly better than the control (= the parent here); the gate kept one.
+  trainer = FreshSetTrainer({"'rloo'": _shift(1.0, 0.1, 0.0)},
+                             {"'rloo'": 0.1, "2e-05": 0.05})
+  c, ledger, _ = make(tmp_path, {}, trainer=trainer, branches=2)
+  c.space.knobs = [k for k in c.space.knobs
+                   if k.binding in ("Harness.estimator", "Learner.learning_rate")]
+  c.run()
+  g = json.loads((tmp_path / "run" / "summary.json").read_text())["gate"]
+  rows = {r["version"]: r for r in g["branches"]}
+  assert {r["reference"] for r in rows.values()} == {"v1.c"}
+  kept = ledger.incumbent().id
+  assert rows[kept]["kept"] and rows[kept]["test_diff"] == pytest.approx(0.1)
+  assert g["decided"] == 2 and g["truly_better"] == 2 and g["kept_truly_better"] == 1
+  assert g["power"] == 0.5 and g["false_rejection_rate"] == 0.5
+  assert g["false_acceptance_rate"] is None  # no branch that was not truly better

@@ -143,3 +143,17 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path_factory):
                        text=True, timeout=120).stdout
   for text in ('id="lineage-v0"', 'id="lineage-v1"', MESSAGE_HTML, "&lt;script&gt;"):
     assert text in dom, text
+
+
+def test_report_shows_the_gate_against_the_test_split(run_dir):
+  gate = {"decided": 2, "truly_better": 2, "kept_truly_better": 1, "power": 0.5,
+          "false_rejection_rate": 0.5, "false_acceptance_rate": None,
+          "branches": [{"version": "v1", "reference": "v0", "test_diff": 0.1,
+                        "test_lo": 0.05, "test_hi": 0.15, "truly_better": True,
+                        "kept": False}]}
+  (run_dir / "summary.json").write_text(json.dumps({"gate": gate}))
+  page = render_report(run_dir).read_text()
+  assert ("2 decided branches; 2 truly better than their reference on the test split "
+          "(paired 95% interval above 0), 1 of them kept: power 50%, false rejection rate "
+          "50%, false acceptance rate —.") in page
+  assert "<td>v1</td><td>v0</td><td>0.1000 [0.0500, 0.1500]</td><td>yes</td>" in page
