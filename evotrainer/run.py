@@ -21,6 +21,7 @@ Modes:
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 import time
@@ -315,7 +316,7 @@ def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
     checkpoint.save_model(model_dir, model, metadata={"version": cfg["version"]})
   result = _branch_result(workdir, cfg["version"], out, str(model_dir),
                           RolloutStore(pathlib.Path(workdir) / "rollouts"))
-  result["final"]["exploit_recovery"] = _exploit_recovery(task, tok)
+  result["final"].update(_exploit_recovery(task, tok))
   figures, per_problem = test_evaluation(out["rollout"], out["state"].params, task)
   if figures:  # beside the result, never in it: the controller reads branch_result.json
     _write_json(pathlib.Path(workdir) / "test_eval.json",
@@ -330,13 +331,17 @@ def _write_json(path: pathlib.Path, data: dict) -> None:
   os.replace(tmp, path)
 
 
-def _exploit_recovery(task, tok, num_problems: int = 64) -> float:
-  """What this branch's reward pays a number-spam exploit (harness/probes.py), judged by
-  the `exploit_probe` validator."""
+def _exploit_recovery(task, tok, num_problems: int = 64) -> dict:
+  """What this branch's reward pays each exploit family (harness/probes.py):
+  `exploit_recovery/<family>`, and `exploit_recovery`, the worst (NaN when the reward
+  does not separate right from wrong), judged by the `exploit_probe` validator."""
   from evotrainer.harness.pipeline import Harness
-  from evotrainer.harness.probes import exploit_recovery
-  return exploit_recovery(task.heldout_problems(num_problems), task.score_many,
-                          Harness().composer, tok.encode)
+  from evotrainer.harness.probes import exploit_recoveries
+  each = exploit_recoveries(task.heldout_problems(num_problems), task.score_many,
+                            Harness().composer, tok.encode)
+  finite = [v for v in each.values() if not math.isnan(v)]
+  return {"exploit_recovery": max(finite) if finite else math.nan,
+          **{f"exploit_recovery/{k}": v for k, v in each.items()}}
 
 
 # A branch's training series: {name: metrics.jsonl keys summed}, one value per step.

@@ -221,10 +221,11 @@ class LeakDetector:
 @gin.configurable(module="harness")
 class ExploitProbe:
   """Fails when the reward pays a known exploit: `evidence.heldout['exploit_recovery']`
-  (harness/probes.py, computed by a branch on held-out problems) is the share of the
-  right-minus-wrong reward margin that an exploit completion (many marked answers, the
-  gold among them, a wrong one last) recovers; above `max_recovery` fails. No figure:
-  pass, and the reason says so.
+  (harness/probes.py, computed by a branch on held-out problems) is the largest share of
+  the right-minus-wrong reward margin that a completion of an exploit family (number
+  spam, the gold in the working with a wrong answer, padding) recovers; above
+  `max_recovery` fails, naming the family (`exploit_recovery/<family>` figures). No
+  figure: not applicable, and the reason says so.
   """
 
   name = "exploit_probe"
@@ -237,8 +238,11 @@ class ExploitProbe:
     if value is None or (isinstance(value, float) and np.isnan(value)):
       return _skip(self.name, self.max_recovery, "no exploit_recovery figure")
     failed = float(value) > self.max_recovery + _EPS
+    families = {k.split("/", 1)[1]: v for k, v in evidence.heldout.items()
+                if k.startswith("exploit_recovery/") and v == v}  # NaN != NaN
+    worst = max(families, key=families.get) if families else "number-spam"
     return Verdict(self.name, not failed, float(value), self.max_recovery,
-                   f"{self.name}: {'fail' if failed else 'pass'}, the reward pays a number-spam "
+                   f"{self.name}: {'fail' if failed else 'pass'}, the reward pays a {worst} "
                    f"exploit {float(value):.3f} of the right-vs-wrong margin (max "
                    f"{self.max_recovery})")
 
