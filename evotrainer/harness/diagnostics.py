@@ -11,7 +11,8 @@ Layers and the library names (`DIAGNOSTICS`):
   score       bc, reward, score_trend
   signal      dead_group_ratio, reward_spread, advantage_health
   behaviour   length_reward_corr, format_failure, answer_spamming, repetition, domain
-  model       entropy, kl, clip_fraction, grad_norm
+  model       entropy, kl, clip_fraction, grad_norm, training_drift (stability.py: drift
+              toward collapse over a training segment's series)
   efficiency  length, truncation, turns, stop_reasons
 
 `context` keys read (all optional; a diagnostic whose input is missing reports nothing):
@@ -57,6 +58,7 @@ from evotrainer.harness.diagnostics_model import (ClipFraction, EntropyCollapse,
 from evotrainer.harness.diagnostics_score import (AdvantageHealth, CorrectnessRate,
                                                   DeadGroupRatio, RewardMean, RewardSpread,
                                                   ScoreTrend)
+from evotrainer.harness.stability import TrainingDrift, drift_signals
 from evotrainer.types import Episode
 
 
@@ -71,7 +73,8 @@ register = registrar(DIAGNOSTICS, "diagnostic")
 for _cls in (CorrectnessRate, RewardMean, ScoreTrend, DeadGroupRatio, RewardSpread,
              AdvantageHealth, LengthRewardCorrelation, FormatFailureRate,
              AnswerSpammingRate, RepetitionRate, EntropyCollapse, KLDrift, ClipFraction,
-             GradNormSpike, LengthPercentiles, TruncationRate, TurnCount, StopReasons):
+             GradNormSpike, LengthPercentiles, TruncationRate, TurnCount, StopReasons,
+             TrainingDrift):
   register(_cls)
 DIAGNOSTICS["domain"] = DomainDiagnostic  # needs `fn`; not in `default_diagnostics`
 
