@@ -203,7 +203,10 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   if mode in ("train", "branch") and jax.process_index() == 0:
     from evotrainer.workdir import check_built, tokenizer_digest
     # Weights mean nothing under another vocabulary or model: refused (workdir.py).
-    check_built(workdir, tokenizer=tokenizer_digest(tok), model=c.__dict__)
+    # Precision and remat may change on a resume (a restore casts); the shape may not.
+    check_built(workdir, tokenizer=tokenizer_digest(tok),
+                model={k: v for k, v in c.__dict__.items()
+                       if k not in ("param_dtype", "dtype", "remat")})
   scratch = isinstance(tok, SentencePieceTokenizer)
   _print(f"[evotrainer] policy: {c.architecture}, {c.num_layers} layers, d={c.hidden_size}, "
          f"{c.num_params() / 1e6:.2f}M parameters, tokenizer vocab {tok.vocab_size} "
