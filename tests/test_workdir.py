@@ -140,20 +140,35 @@ def _launch(*args, workdir, timeout=300):
                         timeout=timeout)
 
 
-def test_launch_refuses_a_locked_workdir_at_once(tmp_path):
-  proc = _holder_process(tmp_path)
+@pytest.mark.slow
+def test_two_concurrent_launches(tmp_path):
+  """A first launch (sample mode, tiny) holds the workdir; a second one on it stops at
+  once naming the first's pid and host, and the first finishes undisturbed."""
+  w = tmp_path / "run"
+  first = subprocess.Popen(
+      [sys.executable, "-m", "evotrainer.launch", f"--workdir={w}",
+       "--gin_file=gin/math_train.gin", "--gin_file=gin/tiny.gin",
+       "--gin_bindings=run.mode = 'sample'", "--gin_bindings=run.warm_start = False",
+       f"--gin_bindings=make_tokenizer.cache_dir = '{tmp_path}/tok'"],
+      cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
+    deadline = time.time() + 120
+    while (wd.holder(w) or {}).get("pid") != first.pid:
+      assert first.poll() is None and time.time() < deadline, first.stderr.read()[-2000:]
+      time.sleep(0.2)
     start = time.time()
-    out = _launch("--gin_file=gin/math_train.gin", "--gin_file=gin/tiny.gin",
-                  workdir=tmp_path)
+    out = _launch("--gin_file=gin/math_train.gin", "--gin_file=gin/tiny.gin", workdir=w)
     assert time.time() - start < 60
+    assert first.poll() is None  # the check was made while the first one ran
+    assert out.returncode == 2, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error (lock): workdir {w} is in use by pid {first.pid} on host")
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-2000:]
   finally:
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-  assert out.returncode == 2, out.stderr[-2000:]
-  last = out.stderr.strip().splitlines()[-1]
-  assert last.startswith("error (lock): workdir ") and f"pid {proc.pid} on host" in last
-  assert not (tmp_path / wd.FINGERPRINT_NAME).exists()  # refused before anything
+    first.kill()
+    first.wait()
+  assert wd.holder(w) is None  # released at the end
 
 
 def test_launch_flags_unused_by_the_mode_are_errors(tmp_path):
