@@ -122,6 +122,31 @@ def check_fractions(validation_fraction: float, test_fraction: float, who: str) 
                      f"prompts for training")
 
 
+def check_task_args(who: str, sources: tuple, jsonl_files: Sequence[str], difficulty: int,
+                    weights: Optional[Sequence[float]], num_validation: int, num_test: int,
+                    prompt_template: str) -> tuple:
+  """Checks a task's common constructor arguments (raising ValueError naming the
+  binding `who.<arg>`); returns the weights as floats, uniform when None."""
+  if ("jsonl" in sources) != bool(jsonl_files):
+    raise ValueError(f"{who}: list 'jsonl' in {who}.sources exactly when "
+                     f"{who}.jsonl_files is set")
+  if difficulty not in (1, 2, 3):
+    raise ValueError(f"{who}.difficulty must be 1, 2 or 3, got {difficulty!r}")
+  weights = tuple(float(w) for w in (weights or [1.0] * len(sources)))
+  if len(weights) != len(sources) or min(weights) < 0 or sum(weights) <= 0:
+    raise ValueError(f"{who}.weights={weights} must be {len(sources)} non-negative "
+                     f"numbers (one per source in {sources}) with a positive sum")
+  for name, n in (("num_validation", num_validation), ("num_test", num_test)):
+    if not isinstance(n, int) or n < 1:
+      raise ValueError(f"{who}.{name} must be a positive integer, got {n!r}")
+  try:
+    prompt_template.format(question="")
+  except (KeyError, IndexError, ValueError) as e:
+    raise ValueError(f"{who}.prompt_template must be a str.format template whose "
+                     f"only field is {{question}}: {prompt_template!r} ({e!r})") from None
+  return weights
+
+
 def check_disjoint(train: Sequence[Problem], heldout: Sequence[Problem]) -> None:
   """Raises ValueError if any training prompt equals a held-out prompt (normalized).
 

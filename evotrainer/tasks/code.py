@@ -60,7 +60,8 @@ import gin
 from evotrainer import sandbox
 from evotrainer.tasks import code_exec
 from evotrainer.tasks.base import (BadRow, JsonlFile, JsonlSource, ProceduralSource, Problem,
-                                   bad_row, check_fractions, check_on_bad_row, heldout_set,
+                                   bad_row, check_fractions, check_on_bad_row,
+                                   check_task_args, heldout_set,
                                    read_jsonl, take_heldout, train_draws)
 from evotrainer.tasks.code_problems import (KINDS, fence, humaneval_problems,
                                             procedural_code_problem)
@@ -294,30 +295,15 @@ class CodeTask:
     if not sources or bad:
       raise ValueError(f"CodeTask.sources={list(sources)}: expected 'procedural' and/or "
                        f"'jsonl'")
-    if ("jsonl" in sources) != bool(jsonl_files):
-      raise ValueError("CodeTask: list 'jsonl' in CodeTask.sources exactly when "
-                       "CodeTask.jsonl_files is set")
-    if difficulty not in (1, 2, 3):
-      raise ValueError(f"CodeTask.difficulty must be 1, 2 or 3, got {difficulty!r}")
     kinds = tuple(kinds)
     if not kinds or any(k not in KINDS for k in kinds):
       raise ValueError(f"CodeTask.kinds={list(kinds)}: expected a subset of {KINDS}")
-    weights = tuple(float(w) for w in (weights or [1.0] * len(sources)))
-    if len(weights) != len(sources) or min(weights) < 0 or sum(weights) <= 0:
-      raise ValueError(f"CodeTask.weights={weights} must be {len(sources)} non-negative "
-                       f"numbers with a positive sum")
+    weights = check_task_args("CodeTask", sources, jsonl_files, difficulty, weights,
+                              num_validation, num_test, prompt_template)
     check_fractions(validation_fraction, test_fraction, "CodeTask")
-    for name, n in (("num_validation", num_validation), ("num_test", num_test)):
-      if not isinstance(n, int) or n < 1:
-        raise ValueError(f"CodeTask.{name} must be a positive integer, got {n!r}")
     if timeout_s <= 0 or per_test_s <= 0:
       raise ValueError(f"CodeTask: timeout_s={timeout_s} and per_test_s={per_test_s} "
                        f"must be positive")
-    try:
-      prompt_template.format(question="")
-    except (KeyError, IndexError, ValueError) as e:
-      raise ValueError(f"CodeTask.prompt_template must be a str.format template whose "
-                       f"only field is {{question}}: {prompt_template!r} ({e!r})") from None
     self.sources, self.weights, self.difficulty, self.kinds = sources, weights, difficulty, kinds
     self.sizes = {"validation": num_validation, "test": num_test}
     self.fractions = (validation_fraction, test_fraction)

@@ -43,7 +43,8 @@ import gin
 
 from evotrainer.tasks.base import (HELDOUT_KEYS, BadRow, JsonlFile, JsonlSource,
                                    ProceduralSource, Problem, check_disjoint, check_fractions,
-                                   heldout_set, read_jsonl, take_heldout, train_draws)
+                                   check_task_args, heldout_set, read_jsonl, take_heldout,
+                                   train_draws)
 from evotrainer.tasks.verify import (METHODS, VerifierPool, answer_tag, boxed_contents,
                                      count_candidates, extract_answer, numbers_in,
                                      parse_number, too_long)
@@ -329,24 +330,9 @@ class MathTask:
       if s != "jsonl" and s not in PROCEDURAL_SOURCES:
         raise ValueError(f"MathTask.sources: unknown source {s!r}; expected 'jsonl' or "
                          f"one of {PROCEDURAL_SOURCES}")
-    if ("jsonl" in sources) != bool(jsonl_files):
-      raise ValueError("MathTask: list 'jsonl' in MathTask.sources exactly when "
-                       "MathTask.jsonl_files is set")
-    if difficulty not in (1, 2, 3):
-      raise ValueError(f"MathTask.difficulty must be 1, 2 or 3, got {difficulty!r}")
-    weights = tuple(float(w) for w in (weights or [1.0] * len(sources)))
-    if len(weights) != len(sources) or min(weights) < 0 or sum(weights) <= 0:
-      raise ValueError(f"MathTask.weights={weights} must be {len(sources)} non-negative "
-                       f"numbers (one per source in {sources}) with a positive sum")
+    weights = check_task_args("MathTask", sources, jsonl_files, difficulty, weights,
+                              num_validation, num_test, prompt_template)
     check_fractions(validation_fraction, test_fraction, "MathTask")
-    for name, n in (("num_validation", num_validation), ("num_test", num_test)):
-      if not isinstance(n, int) or n < 1:
-        raise ValueError(f"MathTask.{name} must be a positive integer, got {n!r}")
-    try:
-      prompt_template.format(question="")
-    except (KeyError, IndexError, ValueError) as e:
-      raise ValueError(f"MathTask.prompt_template must be a str.format template whose "
-                       f"only field is {{question}}: {prompt_template!r} ({e!r})") from None
     for m in tuple(answer_methods) + tuple(format_methods):
       if m not in METHODS:
         raise ValueError(f"MathTask: unknown extraction method {m!r}; expected {METHODS}")
