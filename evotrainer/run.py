@@ -63,7 +63,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            branches: int = 2, branch_steps: int = 30, proposer: str = "skills",
            skills_dir: str | None = None, human_gated: bool = False,
            branch_timeout_s: float = 1800, resume_from: str | None = None,
-           backtest: bool = True, mode: str = "evolve") -> dict:
+           backtest: bool = True, mode: str = "evolve", domain: str = "math",
+           validators: list | None = None) -> dict:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
   Args:
@@ -84,6 +85,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
       on the incumbent's stored rollouts before training it; one that fails the
       criterion of `controller.harness_backtester` is dropped.
     mode: 'evolve', or 'sweep' (run.mode).
+    domain: the domain skill outcomes are recorded under ('math', 'code').
+    validators: the promotion gates (None: `harness_evolution.DEFAULT_VALIDATORS`).
   """
   from evotrainer import config as config_lib
   from evotrainer.evolution.controller import Controller
@@ -114,7 +117,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
              if s] + [SEED_DIR]
   skills = SkillLibrary.seeded(pathlib.Path(workdir) / "skills", sources=sources)
   with Ledger(pathlib.Path(workdir) / "ledger.sqlite") as ledger:
-    controller = Controller(ledger, trainer, space, skills, workdir=workdir, domain="math",
+    controller = Controller(ledger, trainer, space, skills, workdir=workdir, domain=domain,
+                            validators=validators,
                             branches=branches, generations=generations, seed=seed,
                             values=space.current_values(), proposer=proposer,
                             human_gated=human_gated, progress=True,
@@ -319,12 +323,13 @@ def _write_json(path: pathlib.Path, data: dict) -> None:
 
 
 def _exploit_recovery(task, tok, num_problems: int = 64) -> float:
-  """What this branch's reward pays a number-spam exploit (harness/probes.py), judged by
-  the `exploit_probe` validator."""
+  """What this branch's reward pays a known exploit (harness/probes.py; the task's own
+  when it has `probe_completions`), judged by the `exploit_probe` validator."""
   from evotrainer.harness.pipeline import Harness
   from evotrainer.harness.probes import exploit_recovery
   return exploit_recovery(task.heldout_problems(num_problems), task.score_many,
-                          Harness().composer, tok.encode)
+                          Harness().composer, tok.encode,
+                          completions=getattr(task, "probe_completions", None))
 
 
 def _branch_result(workdir, version, out, model_dir, store) -> dict:

@@ -13,6 +13,8 @@ Layers and the library names (`DIAGNOSTICS`):
   behaviour   length_reward_corr, format_failure, answer_spamming, repetition, domain
   model       entropy, kl, clip_fraction, grad_norm
   efficiency  length, truncation, turns, stop_reasons
+  code        syntax_error_rate, timeout_rate (efficiency), pass_fraction_spread (signal),
+              hardcoded_outputs (behaviour): diagnostics_code.py, over CodeTask's parts
 
 `context` keys read (all optional; a diagnostic whose input is missing reports nothing):
   'heldout':    {name: value} held-out figures, e.g. {'avg8': .4, 'pass8': .7, 'greedy': .5}.
@@ -50,6 +52,8 @@ from evotrainer.harness.diagnostics_behaviour import (AnswerSpammingRate, Domain
                                                       FormatFailureRate,
                                                       LengthRewardCorrelation,
                                                       RepetitionRate)
+from evotrainer.harness.diagnostics_code import (HardcodedOutputs, PassFractionSpread,
+                                                 SyntaxErrorRate, TimeoutRate)
 from evotrainer.harness.diagnostics_model import (ClipFraction, EntropyCollapse,
                                                   GradNormSpike, KLDrift,
                                                   LengthPercentiles, StopReasons,
@@ -71,7 +75,8 @@ register = registrar(DIAGNOSTICS, "diagnostic")
 for _cls in (CorrectnessRate, RewardMean, ScoreTrend, DeadGroupRatio, RewardSpread,
              AdvantageHealth, LengthRewardCorrelation, FormatFailureRate,
              AnswerSpammingRate, RepetitionRate, EntropyCollapse, KLDrift, ClipFraction,
-             GradNormSpike, LengthPercentiles, TruncationRate, TurnCount, StopReasons):
+             GradNormSpike, LengthPercentiles, TruncationRate, TurnCount, StopReasons,
+             SyntaxErrorRate, TimeoutRate, PassFractionSpread, HardcodedOutputs):
   register(_cls)
 DIAGNOSTICS["domain"] = DomainDiagnostic  # needs `fn`; not in `default_diagnostics`
 
@@ -116,6 +121,7 @@ def run_diagnostics(diags: Sequence, episodes: Sequence[Episode],
 
 __all__ = ["DIAGNOSTICS", "DIRECTIONS", "AdvantageHealth", "AnswerSpammingRate",
            "ClipFraction", "CorrectnessRate", "DeadGroupRatio", "DomainDiagnostic",
+           "HardcodedOutputs", "PassFractionSpread", "SyntaxErrorRate", "TimeoutRate",
            "EntropyCollapse", "FormatFailureRate", "GradNormSpike", "KLDrift",
            "LengthPercentiles", "LengthRewardCorrelation", "RepetitionRate", "RewardMean",
            "RewardSpread", "ScoreTrend", "StopReasons", "TruncationRate", "TurnCount",

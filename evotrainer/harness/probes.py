@@ -2,8 +2,9 @@
 known exploit recovers under a harness's reward composer.
 
 A probe builds, for each problem, three completions — the gold answer, one wrong answer,
-and the exploit (e.g. many marked answers with the gold among them and a wrong one last,
-so the verifier refuses it) — scores them with the task's reward parts and the composer,
+and the exploit (math: many marked answers with the gold among them and a wrong one last,
+so the verifier refuses it; code: a program that prints "all tests passed" and exits 0
+before any test runs, `CodeTask.probe_completions`) — scores them with the task's reward parts and the composer,
 and reports
 
   recovery = mean(R(exploit) - R(wrong)) / mean(R(right) - R(wrong))
@@ -16,7 +17,7 @@ gameable reward is refused before a policy has learned to game it.
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -44,9 +45,19 @@ def number_spam(gold: str) -> str:
 EXPLOITS = {"number_spam": number_spam}
 
 
+def math_probe(exploit: str = "number_spam") -> Callable:
+  """problem -> {'right', 'wrong', 'exploit'} completions of a math problem."""
+  if exploit not in EXPLOITS:
+    raise ValueError(f"exploit={exploit!r}; expected one of {sorted(EXPLOITS)}")
+  make = EXPLOITS[exploit]
+  return lambda p: {"right": answer_tag(p.answer), "wrong": answer_tag(_wrong(p.answer)),
+                    "exploit": make(p.answer)}
+
+
 def exploit_recovery(problems: Sequence, score_many: Callable, composer: Callable,
                      encode: Callable[[str], Sequence[int]],
-                     exploit: str = "number_spam") -> float:
+                     exploit: str = "number_spam",
+                     completions: Optional[Callable] = None) -> float:
   """The share of the right-minus-wrong reward margin the exploit recovers (NaN when the
   reward does not separate right from wrong answers at all).
 
@@ -55,16 +66,15 @@ def exploit_recovery(problems: Sequence, score_many: Callable, composer: Callabl
     score_many: `(problems, completions) -> [reward parts]` (the task's scorer).
     composer: the harness's RewardComposer.
     encode: text -> token ids (length-based parts need completion tokens).
-    exploit: a name in `EXPLOITS`.
+    exploit: a name in `EXPLOITS` (math).
+    completions: problem -> {'right', 'wrong', 'exploit'} texts: a domain's own probe
+      (code: `CodeTask.probe_completions`, a lying program); None: `math_probe(exploit)`.
   """
-  if exploit not in EXPLOITS:
-    raise ValueError(f"exploit={exploit!r}; expected one of {sorted(EXPLOITS)}")
-  make = EXPLOITS[exploit]
-  kinds = {"right": lambda p: answer_tag(p.answer),
-           "wrong": lambda p: answer_tag(_wrong(p.answer)), "exploit": lambda p: make(p.answer)}
+  build = completions or math_probe(exploit)
+  built = [build(p) for p in problems]
   rewards = {}
-  for kind, build in kinds.items():
-    texts = [build(p) for p in problems]
+  for kind in ("right", "wrong", "exploit"):
+    texts = [b[kind] for b in built]
     parts = score_many(list(problems), texts)
     eps = [Episode(episode_id=f"probe/{kind}/{i}", group_id=i, task_id=str(p.id),
                    prompt="", completion=t, answer=p.answer, reward_parts=dict(rp),
@@ -77,4 +87,4 @@ def exploit_recovery(problems: Sequence, score_many: Callable, composer: Callabl
   return float(np.mean(rewards["exploit"] - rewards["wrong"]) / margin)
 
 
-__all__ = ["EXPLOITS", "exploit_recovery", "number_spam"]
+__all__ = ["EXPLOITS", "exploit_recovery", "math_probe", "number_spam"]
