@@ -53,6 +53,7 @@ import functools
 import json
 import pathlib
 import re
+import warnings
 from typing import Optional, Sequence
 
 import gin
@@ -109,9 +110,6 @@ def reaches_for_harness(program: str) -> bool:
   return _TAMPER.search(program) is not None
 
 
-def _literals(tree: ast.AST) -> set:
-  return {repr(n.value) for n in ast.walk(tree)
-          if isinstance(n, ast.Constant) and not isinstance(n.value, bool)}
 
 
 def _special_cases(tree: ast.AST) -> int:
@@ -136,11 +134,21 @@ def _as_literal(value) -> str:
   return repr(value)
 
 
+def _literals(tree: ast.AST) -> set:
+  """The program's constants as `_as_literal` writes them."""
+  return {_as_literal(n.value) for n in ast.walk(tree)
+          if isinstance(n, ast.Constant) and not isinstance(n.value, bool)}
+
+
 def _parse(program: str) -> Optional[ast.AST]:
-  try:
-    return ast.parse(program)
-  except (SyntaxError, ValueError, MemoryError, RecursionError):
-    return None
+  """The program's syntax tree (parsed only, never run), or None; its SyntaxWarnings
+  (model text is full of them) are not printed."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    try:
+      return ast.parse(program)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+      return None
 
 
 def hardcoded(program: str, problem: Problem) -> bool:
