@@ -62,6 +62,7 @@ def test_launch_code_train_end_to_end(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/code_train.gin",
        "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
+       "--gin_bindings=run.warm_start = False",  # math's end-to-end test covers it
        "--gin_bindings=SamplingParams.max_new_tokens = 24",
        "--gin_bindings=EvalConfig.max_new_tokens = 24",
        "--gin_bindings=CodeTask.num_validation = 8", "--gin_bindings=CodeTask.num_test = 8",

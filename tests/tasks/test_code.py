@@ -11,7 +11,8 @@ from evotrainer.tasks import code_exec
 from evotrainer.tasks.base import Problem, check_disjoint, normalize_prompt
 from evotrainer.tasks.code import (STOP_PARTS, CodeTask, extract_code, hardcoded,
                                    load_jsonl, reaches_for_harness)
-from evotrainer.tasks.code_problems import TEMPLATES, fence, humaneval_problems
+from evotrainer.tasks.code_problems import (TEMPLATES, fence, humaneval_problems,
+                                            procedural_code_problem)
 from evotrainer.train import stop_reason
 
 ADD7 = Problem("p/add7", "Write a Python function f(x) that returns x plus 7.",
@@ -112,7 +113,6 @@ def test_every_template_reference_passes_and_its_tests_are_not_trivial(task):
   problems = []
   for tpl in TEMPLATES:
     for key in range(3):
-      from evotrainer.tasks.code_problems import procedural_code_problem
       for _ in range(50):  # the key picks a template at random within a level
         p = procedural_code_problem(tpl.level, (tpl.kind,), key)
         key += 1000
