@@ -237,3 +237,10 @@ def test_humaneval_joins_the_test_split_only():
     assert len(test) == 10 + 164 and test[-1].source == "humaneval"
     assert not any(p.source == "humaneval" for p in t.train_problems(200, 0))
     assert not any(p.source == "humaneval" for p in t.heldout_problems(split="validation"))
+
+
+def test_stop_reason_order():
+  assert stop_reason({"malformed": 1.0, "stop_passed": 0.0}, truncated=True) == "malformed"
+  assert stop_reason({"correct": 0.0, "stop_timeout": 1.0}, truncated=True) == "timeout"
+  assert stop_reason({"correct": 1.0}, truncated=True) == "max_tokens"  # math: no stop_ part
+  assert stop_reason({"correct": 1.0, "stop_passed": 0.0}, truncated=False) == "stop_token"
