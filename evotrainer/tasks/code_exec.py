@@ -85,6 +85,7 @@ if _kind != "stdio":
   _, _, _err = _call(lambda: exec(_code, _ns), _per, exit_ok=True)
   if _err is not None:
     _emit(load=_err)
+    _emit(done=True)
     sys.exit(0)
 for _i, _t in enumerate(_req["tests"]):
   if _kind == "function":
@@ -127,8 +128,9 @@ class Outcome:
     passed: tests whose verdict matched the expected value.
     total: tests.
     compiles: the program compiled.
-    clean_exit: the run ended with exit code 0 and no reported test failed or raised:
-      what a harness that trusts the program's exit status would call a pass.
+    clean_exit: the run ended with exit code 0, the program raised nowhere and no
+      reported test failed: what a harness that trusts the program's exit status would
+      call a pass (a program that exits 0 before any test runs earns it).
     tampered: the verdict channel was broken (the run exited 0 without the driver's end
       marker, or verdict lines repeated or named a test that does not exist).
     timeouts: tests that hit their time limit (the run's own timeout counts all the
@@ -242,7 +244,7 @@ def outcome(result: sandbox.RunResult, nonce: str, kind: str,
   timeouts = sum(e == "timeout" for e in errors)
   if result.status is sandbox.Status.TIMEOUT:
     timeouts += total - len(by_test)
-  clean_exit = result.ok and passed == len(by_test)
+  clean_exit = result.ok and not errors and passed == len(by_test)
   if first is None:
     stop = "runtime_error"  # the driver never got to compile: the run itself failed
   elif passed == total and not tampered:

@@ -50,14 +50,19 @@ def test_parts_and_stop_reasons_by_hand(task):
       "wrong_answer": fence("def f(x):\n    return 8 if x == 1 else x + 6\n"),  # 1 of 3
       "syntax_error": fence("def f(x)\n    return x\n"),
       "runtime_error": fence("def f(x):\n    return [][x]\n"),
+      "load_error": fence("undefined_name\n"),  # raises before any test (a runtime error)
       "timeout": fence("def f(x):\n    while True:\n        pass\n"),
       "no_code": "def f(x): return x + 7",
   }
   scores = task.score_many([ADD7] * len(completions), list(completions.values()))
   for (stop, _), s in zip(completions.items(), scores):
+    stop = "runtime_error" if stop == "load_error" else stop
     assert s[f"stop_{stop}"] == 1.0 and sum(s[k] for k in STOP_PARTS) == 1.0, (stop, s)
     assert stop_reason(s, truncated=False) == stop
-  passed, wrong, syntax, runtime, timeout, no_code = scores
+  passed, wrong, syntax, runtime, load, timeout, no_code = scores
+  assert [s["tamper"] for s in scores] == [0.0] * 7  # failing honestly is not tampering
+  assert [s["self_report"] for s in scores] == [1.0] + [0.0] * 6
+  assert (load["compiles"], load["partial"]) == (1.0, 0.0)
   assert (passed["correct"], passed["partial"], passed["format"], passed["compiles"]) == (
       1.0, 1.0, 1.0, 1.0)
   assert (wrong["correct"], wrong["partial"]) == (0.0, pytest.approx(1 / 3))
