@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import pathlib
 import random
@@ -297,6 +298,17 @@ class JsonlFile:
 
   def __init__(self, path: pathlib.Path, problems: list[Problem], bad_rows: list[str]):
     self.path, self.problems, self.bad_rows = path, problems, bad_rows
+
+
+def json_object(line: str) -> dict:
+  """A JSONL row's object; raises BadRow when it is not valid JSON or not an object."""
+  try:
+    row = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise BadRow(f"not valid JSON ({e.msg} at column {e.colno})") from None
+  if not isinstance(row, dict):
+    raise BadRow(f"expected a JSON object, got {type(row).__name__}")
+  return row
 
 
 def check_on_bad_row(on_bad_row: str) -> None:

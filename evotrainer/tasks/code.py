@@ -62,8 +62,8 @@ from evotrainer import sandbox
 from evotrainer.tasks import code_exec
 from evotrainer.tasks.base import (BadRow, JsonlFile, JsonlSource, ProceduralSource, Problem,
                                    bad_row, check_fractions, check_on_bad_row,
-                                   check_task_args, heldout_set,
-                                   read_jsonl, take_heldout, train_draws)
+                                   check_task_args, heldout_set, json_object, read_jsonl,
+                                   take_heldout, train_draws)
 from evotrainer.tasks.code_problems import (KINDS, fence, humaneval_problems,
                                             procedural_code_problem)
 from evotrainer.tasks.verify import MAX_TEXT_CHARS, too_long
@@ -201,12 +201,7 @@ def _tests_of(row: dict, kind: str) -> list:
 
 def _parse_row(line: str, path: pathlib.Path, lineno: int) -> Problem:
   """One JSONL row in the documented schema -> Problem; raises BadRow saying what is wrong."""
-  try:
-    row = json.loads(line)
-  except json.JSONDecodeError as e:
-    raise BadRow(f"not valid JSON ({e.msg} at column {e.colno})") from None
-  if not isinstance(row, dict):
-    raise BadRow(f"expected a JSON object, got {type(row).__name__}")
+  row = json_object(line)
   prompt = row.get("prompt", row.get("question"))
   solution = row.get("solution")
   if solution is None and isinstance(row.get("solutions"), list) and row["solutions"]:

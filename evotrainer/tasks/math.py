@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
 import logging
 import operator
 import pathlib
@@ -43,8 +42,8 @@ import gin
 
 from evotrainer.tasks.base import (HELDOUT_KEYS, BadRow, JsonlFile, JsonlSource,
                                    ProceduralSource, Problem, check_disjoint, check_fractions,
-                                   check_task_args, heldout_set, read_jsonl, take_heldout,
-                                   train_draws)
+                                   check_task_args, heldout_set, json_object, read_jsonl,
+                                   take_heldout, train_draws)
 from evotrainer.tasks.verify import (METHODS, VerifierPool, answer_tag, boxed_contents,
                                      count_candidates, extract_answer, numbers_in,
                                      parse_number, too_long)
@@ -206,12 +205,7 @@ def procedural_problem(name: str, difficulty: int, key: int) -> Optional[Problem
 
 def _parse_row(line: str, path: pathlib.Path, lineno: int) -> Problem:
   """One JSONL row in GSM8K or MATH form → Problem; raises BadRow saying what is wrong."""
-  try:
-    row = json.loads(line)
-  except json.JSONDecodeError as e:
-    raise BadRow(f"not valid JSON ({e.msg} at column {e.colno})") from None
-  if not isinstance(row, dict):
-    raise BadRow(f"expected a JSON object, got {type(row).__name__}")
+  row = json_object(line)
 
   def text(field: str) -> str:
     value = row.get(field)
