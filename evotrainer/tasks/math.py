@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import logging
 import operator
 import pathlib
 import random
@@ -51,7 +50,6 @@ from evotrainer.tasks.verify import (METHODS, VerifierPool, answer_tag, boxed_co
 __all__ = ["MathTask", "check_disjoint", "load_jsonl", "JsonlFile", "procedural_problem",
            "PROCEDURAL_SOURCES", "HELDOUT_KEYS", "DEFAULT_TEMPLATE"]
 
-log = logging.getLogger(__name__)
 
 DEFAULT_TEMPLATE = "{question}\nGive the final answer inside <answer></answer> tags."
 
