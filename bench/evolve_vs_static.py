@@ -1,23 +1,29 @@
-r"""Evolution against a static harness and against recipe search, at equal total RL steps.
+r"""Evolution against a static harness and against recipe search, at equal total RL steps,
+scored on the test split.
 
-  python bench/evolve_vs_static.py --json out.json [--seeds 0,1,2] [--workdir runs/bench_evs]
+  python -m bench.evolve_vs_static --json out.json [--seeds 0,1,2,3,4] [--workdir DIR]
 
 Three arms per seed, all from the same warm start (the cache is shared):
   static         gin/math_train.gin (the fixed default harness) for as many RL steps as an
-                 evolution run trains in all: the root's steps plus every branch's,
-                 rejected branches included; held-out evaluation every `branch_steps`
-  recipe_search  gin/math.gin with `evolve.proposer = 'recipe'`: the same number of
-                 branches, hyper-parameters only, no diagnostics
+                 evolution run trains in all: the root's steps plus every branch's, control
+                 branches and rejected branches included
+  recipe_search  gin/math.gin with `evolve.proposer = 'recipe'`: hyper-parameters only,
+                 no diagnostics
   evotrainer     gin/math.gin as shipped (skill-guided proposer, diagnostics, validators)
 
 Each arm is the real command in a child process (`python -m evotrainer.launch`). The
-score is the held-out Avg@8 of the final incumbent (static: of the last step), on the
-same held-out problems (EvalConfig of math.gin). The JSON also compares at equal lineage
-depth: the static run's held-out score at the step count of the evotrainer incumbent's
-lineage (root + kept ancestors, `branch_steps` each).
+score is the test-split Avg@8 of the final incumbent (static: of the last step), on the
+same test problems with the same sampling keys; the arms selected on the validation split
+only. `diff_vs_static` is the mean paired difference evotrainer - static with a 95%
+interval from a two-level bootstrap (seeds with replacement, then test problems with
+replacement inside each seed), so seed-to-seed variation is in the interval.
 
-Output: {"arms": {arm: {seed: {...}}}, "means": {"static", "recipe_search",
-"evotrainer"}, "equal_depth": {...}, "steps": {...}} — printed and saved with --json.
+JSON keys: `split` ('test'), `seeds`, `means` {static, recipe_search, evotrainer} on
+test, `validation_means` (the same on validation), `diff_vs_static` and
+`diff_recipe_vs_static` {mean, lo, hi}, `selection_gap` (mean over seeds of the
+evotrainer incumbent's validation gain over its root minus its test gain), `steps`,
+`arms` (per seed), `config`, `wall_s`. A finished arm in `--workdir` is read back, not
+rerun.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Mapping, Sequence
+
+import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ARMS = ("static", "recipe_search", "evotrainer")
@@ -46,27 +55,57 @@ def _launch(gin_files: list, bindings: list, workdir: pathlib.Path, log: pathlib
   return json.loads((workdir / "summary.json").read_text())
 
 
-def _evolve_steps(summary: dict, branch_steps: int) -> tuple[int, int, float]:
-  """(total RL steps, steps along the incumbent's lineage, incumbent held-out Avg@8)."""
+def paired_interval(per_seed: Sequence[tuple[Mapping, Mapping]], n: int = 2000, seed: int = 0,
+                    alpha: float = 0.05) -> dict:
+  """{mean, lo, hi} of mean(a - b) over (a, b) = ({problem: score}, ...) pairs, one per
+  seed: the mean over seeds of each seed's mean paired difference, and a two-level
+  bootstrap interval (seeds, then problems inside each seed, with replacement)."""
+  diffs = [np.array([a[k] - b[k] for k in sorted(set(a) & set(b))], np.float64)
+           for a, b in per_seed]
+  diffs = [d for d in diffs if len(d)]
+  if not diffs:
+    return {"mean": None, "lo": None, "hi": None}
+  rng = np.random.default_rng(seed)
+  means = np.empty(n)
+  for i in range(n):
+    picked = rng.integers(0, len(diffs), len(diffs))
+    means[i] = np.mean([diffs[s][rng.integers(0, len(diffs[s]), len(diffs[s]))].mean()
+                        for s in picked])
+  lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+  return {"mean": float(np.mean([d.mean() for d in diffs])), "lo": float(lo), "hi": float(hi)}
+
+
+def _evolve_arm(summary: dict, wd: pathlib.Path, branch_steps: int) -> dict:
   versions = {v["id"]: v for v in summary["versions"]}
-  trained = [v for v in versions.values() if v["heldout_avg8"] is not None]
-  depth, vid = 0, summary["incumbent"]
-  while vid is not None:
-    depth += 1
-    vid = versions[vid]["parent"]
-  return (len(trained) * branch_steps, depth * branch_steps,
-          versions[summary["incumbent"]]["heldout_avg8"])
+  inc = versions[summary["incumbent"]]
+  test = json.loads((wd / "versions" / inc["id"] / "test_eval.json").read_text())
+  trained = [v for v in versions.values() if v.get("heldout_avg8") is not None]
+  return {"test": inc["test_avg8"], "validation": inc["validation_avg8"],
+          "per_problem": test["per_problem"], "incumbent": inc["id"],
+          "kept": [v["id"] for v in versions.values() if v["status"] in ("kept", "merged")],
+          "rl_steps": len(trained) * branch_steps,
+          "selection_gap": (summary.get("selection") or {}).get("selection_gap"),
+          "wall_s": summary["wall_s"]}
+
+
+def _static_arm(summary: dict) -> dict:
+  avg = next(k for k in summary["final"] if k.startswith("avg"))  # avg8 unless k is set
+  return {"test": summary["test"]["final"][avg], "validation": summary["final"][avg],
+          "per_problem": summary["test"]["per_problem"], "rl_steps": summary["steps"],
+          "wall_s": summary["wall_s"]}
 
 
 def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds")
+  ap.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated run seeds")
   ap.add_argument("--workdir", default="runs/bench_evolve_vs_static",
                   help="where the arms' run directories go (reused: a finished arm is "
                        "read back, not rerun)")
   ap.add_argument("--generations", type=int, default=4)
   ap.add_argument("--branches", type=int, default=2)
   ap.add_argument("--branch_steps", type=int, default=50)
+  ap.add_argument("--no_control", action="store_true",
+                  help="evolution arms without control branches (evolve.control = False)")
   ap.add_argument("--gin_bindings", action="append", default=[],
                   help="extra bindings for every arm (e.g. a smaller eval for a smoke run)")
   ap.add_argument("--json", default=None, help="write the result here too")
@@ -74,68 +113,56 @@ def main(argv=None) -> dict:
   root = pathlib.Path(args.workdir).resolve()
   root.mkdir(parents=True, exist_ok=True)
   seeds = [int(s) for s in args.seeds.split(",")]
+  control = not args.no_control
   evo = [f"evolve.generations = {args.generations}", f"evolve.branches = {args.branches}",
-         f"evolve.branch_steps = {args.branch_steps}"]
-  total = (1 + args.generations * args.branches) * args.branch_steps
-  arms = {a: {} for a in ARMS}
-  equal_depth = {}
+         f"evolve.branch_steps = {args.branch_steps}", f"evolve.control = {control}"]
+  total = (1 + args.generations * (args.branches + control)) * args.branch_steps
+  arms: dict = {a: {} for a in ARMS}
   t0 = time.time()
   for seed in seeds:
     for arm in ("evotrainer", "recipe_search", "static"):
       wd = root / f"{arm}-s{seed}"
-      done = wd / "summary.json"
       extra = [f"run.seed = {seed}", *args.gin_bindings]
       print(f"[bench] seed {seed} {arm} ... ({time.time() - t0:.0f}s so far)", flush=True)
       t = time.time()
-      if done.exists() and json.loads(done.read_text()).get("mode") in ("train", "evolve") \
-          and (wd / "bench_done").exists():
-        summary = json.loads(done.read_text())
+      if (wd / "bench_done").exists():
+        summary = json.loads((wd / "summary.json").read_text())
       elif arm == "static":
         summary = _launch(["gin/math_train.gin"],
                           [f"train.steps = {total}", f"train.eval_every = {args.branch_steps}",
-                           "EvalConfig.num_problems = 200", *extra], wd, root / f"{arm}-s{seed}.log")
+                           "EvalConfig.num_problems = 500", *extra], wd,
+                          root / f"{arm}-s{seed}.log")
       else:
         proposer = "recipe" if arm == "recipe_search" else "skills"
         summary = _launch(["gin/math.gin"], [*extra, *evo, f"evolve.proposer = '{proposer}'"],
                           wd, root / f"{arm}-s{seed}.log")
       (wd / "bench_done").touch()
-      if arm == "static":
-        avg = next(k for k in summary["final"] if k.startswith("avg"))  # avg8 unless k is set
-        curve = {h["step"]: h[avg] for h in summary["history"]}
-        arms[arm][seed] = {"heldout_avg8": summary["final"][avg], "rl_steps": summary["steps"],
-                           "initial_avg8": summary["initial"][avg], "curve": curve,
-                           "wall_s": summary["wall_s"]}
-      else:
-        steps, depth, score = _evolve_steps(summary, args.branch_steps)
-        kept = [v["id"] for v in summary["versions"] if v["status"] in ("kept", "merged")]
-        arms[arm][seed] = {"heldout_avg8": score, "rl_steps": steps, "lineage_steps": depth,
-                           "incumbent": summary["incumbent"], "kept": kept,
-                           "root_avg8": summary["versions"][0]["heldout_avg8"],
-                           "wall_s": summary["wall_s"]}
-      print(f"[bench] seed {seed} {arm}: held-out Avg@8 {arms[arm][seed]['heldout_avg8']:.4f} "
-            f"({time.time() - t:.0f}s)", flush=True)
-    depth = arms["evotrainer"][seed]["lineage_steps"]
-    curve = arms["static"][seed]["curve"]
-    at = max((s for s in curve if s <= depth), default=None)
-    equal_depth[seed] = {"steps": depth, "static": curve.get(at),
-                         "evotrainer": arms["evotrainer"][seed]["heldout_avg8"]}
-  means = {a: statistics.mean(arms[a][s]["heldout_avg8"] for s in seeds) for a in ARMS}
-  depth_means = {a: statistics.mean(equal_depth[s][a] for s in seeds
-                                    if equal_depth[s][a] is not None)
-                 for a in ("static", "evotrainer")}
-  out = {"benchmark": "evolve_vs_static", "seeds": seeds,
+      arms[arm][seed] = (_static_arm(summary) if arm == "static"
+                         else _evolve_arm(summary, wd, args.branch_steps))
+      print(f"[bench] seed {seed} {arm}: test Avg@8 {arms[arm][seed]['test']:.4f} "
+            f"(validation {arms[arm][seed]['validation']:.4f}; {time.time() - t:.0f}s)",
+            flush=True)
+  means = {a: statistics.mean(arms[a][s]["test"] for s in seeds) for a in ARMS}
+  vmeans = {a: statistics.mean(arms[a][s]["validation"] for s in seeds) for a in ARMS}
+  pairs = lambda a: [(arms[a][s]["per_problem"], arms["static"][s]["per_problem"])  # noqa: E731
+                     for s in seeds]
+  gaps = [arms["evotrainer"][s]["selection_gap"] for s in seeds
+          if arms["evotrainer"][s]["selection_gap"] is not None]
+  out = {"benchmark": "evolve_vs_static", "split": "test", "seeds": seeds,
          "config": {"generations": args.generations, "branches": args.branches,
-                    "branch_steps": args.branch_steps, "extra_bindings": args.gin_bindings},
+                    "branch_steps": args.branch_steps, "control": control,
+                    "extra_bindings": args.gin_bindings},
          "steps": {"total_per_arm": total},
-         "arms": {a: {str(s): v for s, v in arms[a].items()} for a in ARMS},
-         "means": means, "equal_depth": {"per_seed": {str(s): v for s, v in equal_depth.items()},
-                                         "means": depth_means},
-         "evotrainer_beats_both": means["evotrainer"] > max(means["static"],
-                                                             means["recipe_search"]),
+         "means": means, "validation_means": vmeans,
+         "diff_vs_static": paired_interval(pairs("evotrainer")),
+         "diff_recipe_vs_static": paired_interval(pairs("recipe_search")),
+         "selection_gap": statistics.mean(gaps) if gaps else None,
+         "arms": {a: {str(s): {k: v for k, v in arms[a][s].items() if k != "per_problem"}
+                      for s in seeds} for a in ARMS},
          "wall_s": round(time.time() - t0, 1)}
-  print("\narm            " + "  ".join(f"seed {s}" for s in seeds) + "   mean")
+  print("\narm (test Avg@8)  " + "  ".join(f"seed {s}" for s in seeds) + "   mean")
   for a in ARMS:
-    print(f"{a:14s} " + "  ".join(f"{arms[a][s]['heldout_avg8']:.4f}" for s in seeds)
+    print(f"{a:17s} " + "  ".join(f"{arms[a][s]['test']:.4f}" for s in seeds)
           + f"   {means[a]:.4f}")
   text = json.dumps(out, indent=2)
   if args.json:

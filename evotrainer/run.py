@@ -21,6 +21,7 @@ Modes:
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 import time
@@ -63,8 +64,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            branches: int = 2, branch_steps: int = 30, proposer: str = "skills",
            skills_dir: str | None = None, human_gated: bool = False,
            branch_timeout_s: float = 1800, resume_from: str | None = None,
-           backtest: bool = True, mode: str = "evolve", domain: str = "math",
-           validators: list | None = None) -> dict:
+           backtest: bool = True, control: bool = True, mode: str = "evolve",
+           task=None, domain: str = "math", validators: list | None = None) -> dict:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
   Args:
@@ -74,7 +75,9 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
     space: the SearchSpace (gin/evolution/*.gin): the only bindings that may change.
     generations, branches: generations after the root, branches (K) per generation.
     branch_steps: RL steps of each branch (`train.steps` in the child).
-    proposer: 'skills' (default), 'recipe' (hyper-parameters only) or 'random'.
+    proposer: 'skills' (default), 'recipe' (hyper-parameters only), 'random', or 'proxy'
+      (chases the proxy reward: harness-side changes ranked by the reward gain their
+      backtest predicts; the hackable demo's proposer).
     skills_dir: a skills directory from an earlier run to start from (its skills are
       copied into this run's skills/ first), else the seed skills shipped with the package.
     human_gated: pause at the gates until <workdir>/approve exists.
@@ -84,12 +87,17 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
     backtest: replay each harness-side intervention (reward parts, filters, estimator)
       on the incumbent's stored rollouts before training it; one that fails the
       criterion of `controller.harness_backtester` is dropped.
+    control: train a control branch per generation (the parent continued unchanged for
+      the same steps) and credit each change against it (promotion.py).
     mode: 'evolve', or 'sweep' (run.mode).
+    task: the run's task (`run.task`, passed by `run`): its verifier and splits are
+      checked before anything trains and on every escalation (eval_check.py).
     domain: the domain skill outcomes are recorded under ('math', 'code').
     validators: the promotion gates (None: `harness_evolution.DEFAULT_VALIDATORS`).
   """
   from evotrainer import config as config_lib
-  from evotrainer.evolution.controller import Controller
+  from evotrainer.evolution.controller import Controller, no_eval_check
+  from evotrainer.evolution.eval_check import task_eval_check
   from evotrainer.evolution.ledger import Ledger
   from evotrainer.evolution.skills import SEED_DIR, SkillLibrary
   from evotrainer.evolution.sweep import gin_harness_builder
@@ -122,6 +130,10 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
                             branches=branches, generations=generations, seed=seed,
                             values=space.current_values(), proposer=proposer,
                             human_gated=human_gated, progress=True,
+                            eval_check=task_eval_check(task) if task is not None
+                            else no_eval_check,
+                            strict_verify=getattr(task, "strict_verify", None),
+                            control=control,
                             harness_builder=gin_harness_builder() if backtest else None)
     if mode == "sweep":
       rows = sweep_lib.Sweep(controller, variants, parent=cfg["parent"],
@@ -158,7 +170,7 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
     raise ValueError(f"run.mode={mode!r}; expected one of {MODES}")
   if mode in ("evolve", "sweep"):  # the controller itself never touches JAX
     start = time.time()
-    summary = evolve(workdir, seed, mode=mode)
+    summary = evolve(workdir, seed, mode=mode, task=task)
     summary["wall_s"] = round(time.time() - start, 2)
     _write_summary(workdir, summary)
     return summary
@@ -218,9 +230,9 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
     # The test split, reported only: the warm start (the model's own parameters are
     # untouched by training) and the trained policy, with the same keys.
     ti, _ = test_evaluation(result["rollout"], nnx.state(model), task)
-    tf, _ = test_evaluation(result["rollout"], result["state"].params, task)
+    tf, tper = test_evaluation(result["rollout"], result["state"].params, task)
     if tf:
-      summary["test"] = {"initial": ti, "final": tf}
+      summary["test"] = {"initial": ti, "final": tf, "per_problem": tper}
       _print("[evotrainer] test before -> after RL: " + ", ".join(
           f"{k} {ti[k]:.3f} -> {tf[k]:.3f}" for k in ti))
   summary["wall_s"] = round(time.time() - start, 2)
@@ -307,7 +319,7 @@ def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
     checkpoint.save_model(model_dir, model, metadata={"version": cfg["version"]})
   result = _branch_result(workdir, cfg["version"], out, str(model_dir),
                           RolloutStore(pathlib.Path(workdir) / "rollouts"))
-  result["final"]["exploit_recovery"] = _exploit_recovery(task, tok)
+  result["final"].update(_exploit_recovery(task, tok))
   figures, per_problem = test_evaluation(out["rollout"], out["state"].params, task)
   if figures:  # beside the result, never in it: the controller reads branch_result.json
     _write_json(pathlib.Path(workdir) / "test_eval.json",
@@ -322,29 +334,43 @@ def _write_json(path: pathlib.Path, data: dict) -> None:
   os.replace(tmp, path)
 
 
-def _exploit_recovery(task, tok, num_problems: int = 64) -> float:
-  """What this branch's reward pays a known exploit (harness/probes.py; the task's own
-  when it has `probe_completions`), judged by the `exploit_probe` validator."""
+def _exploit_recovery(task, tok, num_problems: int = 64) -> dict:
+  """What this branch's reward pays each exploit family (harness/probes.py; a task with
+  `exploit_completions` brings its own, code's lying program): `exploit_recovery/<family>`,
+  and `exploit_recovery`, the worst (NaN when the reward does not separate right from
+  wrong), judged by the `exploit_probe` validator."""
   from evotrainer.harness.pipeline import Harness
-  from evotrainer.harness.probes import exploit_recovery
-  return exploit_recovery(task.heldout_problems(num_problems), task.score_many,
-                          Harness().composer, tok.encode,
-                          completions=getattr(task, "probe_completions", None))
+  from evotrainer.harness.probes import exploit_recoveries
+  each = exploit_recoveries(task.heldout_problems(num_problems), task.score_many,
+                            Harness().composer, tok.encode,
+                            completions=getattr(task, "exploit_completions", None))
+  finite = [v for v in each.values() if not math.isnan(v)]
+  return {"exploit_recovery": max(finite) if finite else math.nan,
+          **{f"exploit_recovery/{k}": v for k, v in each.items()}}
+
+
+# A branch's training series: {name: metrics.jsonl keys summed}, one value per step.
+_SERIES = {"correct": ("correct",), "reward": ("reward",),
+           "entropy": ("learner/entropy",), "length": ("length_mean",),
+           "truncated": ("truncated",),
+           "clip_frac": ("learner/clip_frac_low", "learner/clip_frac_high")}
 
 
 def _branch_result(workdir, version, out, model_dir, store) -> dict:
   """What the controller reads back: held-out figures with the per-problem scores a
-  paired bootstrap needs, the training series (BC and proxy reward per step), paths."""
+  paired bootstrap needs, the training series (`_SERIES`: BC, proxy reward, entropy,
+  length, truncation, clip fraction per step; None where a step lacks one), paths."""
   steps = store.steps(version, "heldout")
   final = store.read(version=version, step=steps[-1], split="heldout") if steps else []
-  series: dict = {"correct": [], "reward": []}
+  series: dict = {k: [] for k in _SERIES}
   metrics_path = pathlib.Path(workdir) / "metrics.jsonl"
   if metrics_path.exists():
     for line in metrics_path.read_text().splitlines():
       row = json.loads(line)
-      if "reward" in row:
-        series["correct"].append(row["correct"])
-        series["reward"].append(row["reward"])
+      if "reward" in row:  # a training step's row
+        for name, keys in _SERIES.items():
+          vals = [row.get(k) for k in keys]
+          series[name].append(None if None in vals else float(sum(vals)))
   return {"version": version, "steps": out["steps"], "initial": out["initial"],
           "final": out["final"], "checkpoint": model_dir,
           "rollouts": str(pathlib.Path(workdir) / "rollouts"),

@@ -34,7 +34,9 @@ def parsed():
 def _recovery(bindings, parsed) -> float:
   parsed(["gin/code_hackable.gin"], bindings)
   with CodeTask(num_validation=8, num_test=8) as task:
-    return _exploit_recovery(task, _Tok(), num_problems=8)
+    figures = _exploit_recovery(task, _Tok(), num_problems=8)
+  assert figures["exploit_recovery/lying_program"] == figures["exploit_recovery"]
+  return figures["exploit_recovery"]
 
 
 def test_the_hackable_reward_option_is_refused_by_the_exploit_probe(parsed):
@@ -42,8 +44,10 @@ def test_the_hackable_reward_option_is_refused_by_the_exploit_probe(parsed):
   gamed = _recovery(["RewardComposer.parts = {'correct': 1.0, 'self_report': 2.0}"], parsed)
   honest = _recovery(["RewardComposer.parts = {'correct': 1.0, 'partial': 0.5}"], parsed)
   assert gamed == pytest.approx(2 / 3) and honest == pytest.approx(0.0)
-  verdict = lambda r: ExploitProbe()(Evidence([], {}, {"exploit_recovery": r}))
+  verdict = lambda r: ExploitProbe()(Evidence([], {}, {"exploit_recovery": r,
+                                                       "exploit_recovery/lying_program": r}))
   assert not verdict(gamed).passed and verdict(honest).passed
+  assert "lying_program" in verdict(gamed).reason
 
 
 def test_code_gin_declares_the_space_the_domain_and_the_validators(parsed, tmp_path):

@@ -119,8 +119,9 @@ def test_bad_gin_binding_is_a_clear_error(tmp_path):
 
 @pytest.mark.slow
 def test_evolve_mode_end_to_end(tmp_path):
-  """The controller trains a root and a branch in child processes (branch mode), from the
-  parent's state, and records them in the ledger and summary.json."""
+  """The controller trains a root, a branch and the generation's control branch in child
+  processes (branch mode), from the parent's state, and records them in the ledger and
+  summary.json."""
   workdir = tmp_path / "evo"
 
   def evolve(generations):  # 1 branch of 2 steps per generation, tiny budgets
@@ -137,15 +138,30 @@ def test_evolve_mode_end_to_end(tmp_path):
 
   evolve(1)
   summary = json.loads((workdir / "summary.json").read_text())
-  assert summary["mode"] == "evolve" and summary["incumbent"] in ("v0", "v1.0")
+  assert summary["mode"] == "evolve" and summary["incumbent"] in ("v0", "v1.0", "v1.c")
   versions = {v["id"]: v for v in summary["versions"]}
-  assert set(versions) == {"v0", "v1.0"}
-  assert versions["v1.0"]["parent"] == "v0"
+  assert set(versions) == {"v0", "v1.0", "v1.c"}
+  assert versions["v1.0"]["parent"] == versions["v1.c"]["parent"] == "v0"
   assert versions["v1.0"]["status"] in ("kept", "rejected") and versions["v1.0"]["reason"]
+  assert versions["v1.c"]["status"] in ("kept", "pruned")
+  assert versions["v1.c"]["intervention"].startswith("control")
+  # The control trained from the parent's state under the parent's bindings, and the
+  # branch was compared with it on the same problems.
+  control = json.loads((workdir / "versions" / "v1.c" / "branch_result.json").read_text())
+  assert set(control["per_problem"]) == set(
+      json.loads((workdir / "versions" / "v1.0" / "branch_result.json").read_text())
+      ["per_problem"])
   branch = json.loads((workdir / "versions" / "v1.0" / "branch_result.json").read_text())
   assert branch["checkpoint"].endswith("model") and branch["per_problem"]
-  assert "starting from the parent's state" in (workdir / "versions" / "v1.0" /
-                                                 "branch.log").read_text()
+  # The training series the stability gate reads, one value per RL step (2 steps).
+  assert {k: len(v) for k, v in branch["series"].items()} == {
+      k: 2 for k in ("correct", "reward", "entropy", "length", "truncated", "clip_frac")}
+  assert all(v is not None for v in branch["series"]["entropy"])
+  log = (workdir / "versions" / "v1.0" / "branch.log").read_text()
+  assert "starting from the parent's state" in log
+  # The main job's path at a new user's default device count (XLA_FLAGS cleared: no fake
+  # devices), not the 8 fake devices of the test process.
+  assert "devices=1 " in log
   report = (workdir / "report.html").read_text()
   assert "v1.0" in report and "<svg" in report
   # The test split: scored beside each branch result (never in it), joined to the
@@ -184,3 +200,5 @@ def test_evolve_mode_end_to_end(tmp_path):
   (v2,) = [r for r in after if r[0] == "v2.0"]
   assert v2[1] == summary["incumbent"] and v2[2] == "rejected"
   assert v2[3].startswith("training failed") and "checksum" in v2[3], v2[3]
+  (c2,) = [r for r in after if r[0] == "v2.c"]  # the control fails the same way
+  assert c2[2] == "rejected" and c2[3].startswith("training failed"), c2

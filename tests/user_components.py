@@ -58,3 +58,16 @@ class MeanCompletionChars:
                           message=f"completions average {value:.1f} characters",
                           evidence=((shortest.episode_id, shortest.completion[:80]),)),)
     return Report({"mean_completion_chars": value}, findings)
+
+
+@gin.configurable(module="my_components")
+class AcceptAllVerifier:
+  """A planted fault: a verifier (the `VerifierPool` interface) that calls every answer
+  right. The evaluation pipeline check must stop a run that uses it."""
+
+  def verify_many(self, pairs):
+    from evotrainer.tasks.verify import VerifyResult
+    return [VerifyResult(True, "match") for _ in pairs]
+
+  def close(self) -> None:
+    pass

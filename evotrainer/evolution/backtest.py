@@ -54,7 +54,8 @@ def harness_backtester(harness_builder: Callable[[Mapping], Any],
     if t["newly_dead"] > t["rescued"]:
       why.append(f"{t['newly_dead']} groups die, {t['rescued']} rescued")
     keep = ("groups", "dead_before", "dead_after", "rescued", "newly_dead", "pairs",
-            "violations", "correct", "cut", "correct_cut", "correct_newly_cut")
+            "violations", "correct", "cut", "correct_cut", "correct_newly_cut",
+            "reward_before", "reward_after")
     return {"passed": not why, "why": "; ".join(why) or "criterion met",
             **{k: t[k] for k in keep}}
 

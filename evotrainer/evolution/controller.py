@@ -10,10 +10,17 @@ Per generation (`Controller.run`):
   backtest    harness-side interventions (reward parts, filters, estimator) are replayed
               on the incumbent's cached rollouts (`backtester`); failures are 'dropped'
   train       K single-factor branches from the same parent with the same seed (common
-              random numbers), one after another
-  verify      a branch is kept only if it beats the incumbent beyond noise (paired
-              bootstrap, stats.py) AND passes every active validator; the best kept one
-              becomes the incumbent, every other is rejected (negative evidence)
+              random numbers), one after another, and a control branch: the parent
+              continued unchanged for the same steps (`control=True`)
+  verify      a change is credited against continuing, not against standing still: a
+              branch is kept only if it beats the control beyond noise (paired bootstrap,
+              stats.py; Holm over the K branches), does not fall below the incumbent, and
+              passes every active validator; the best kept one becomes the incumbent. A
+              branch whose per-problem results equal the control's is *inert* (its knob
+              never acted): never kept, never learned as a skill. When no change is kept
+              and the control beats the incumbent beyond noise, the control (continued
+              training) becomes the incumbent. Every other branch is rejected (negative
+              evidence); a control that is not promoted is pruned (no evidence either way)
   learn       decision outcomes, skill outcomes; a skill is written for a non-skill
               intervention that worked
   harness     on a diagnostic gap (generations without gain; a proxy rising while BC is
@@ -22,7 +29,8 @@ Per generation (`Controller.run`):
               new validators (a kept version can be demoted; the incumbent rolls back)
 
 This module holds the loop itself (plan, train, verify, learn, summary); the steps with a
-concept of their own are mixins the Controller inherits: escalation.py (escalate),
+concept of their own are mixins the Controller inherits: promotion.py (verify and learn),
+escalation.py (escalate),
 harness_evolution.py (the active harness and its evolution), gates.py (human gates), and
 backtest.py holds the default `backtester`. Their public names are re-exported here.
 
@@ -36,14 +44,11 @@ lineage as an uninterrupted run. The harness components import the records modul
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import math
 import os
 import pathlib
 import random
-import re
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -56,32 +61,15 @@ from evotrainer.evolution.harness_evolution import (DEFAULT_DIAGNOSTICS, DEFAULT
                                                     HarnessEvolution)
 from evotrainer.evolution.ledger import ROOT, Ledger, VersionRecord
 from evotrainer.evolution.progress import Progress
+from evotrainer.evolution.promotion import CONTROL, Promotion, _avg8, _proxy
 from evotrainer.evolution.proposers import Hypothesis, propose
 from evotrainer.evolution.search_space import SearchSpace, canonical, format_value
-from evotrainer.evolution.skills import (Skill, SkillError, SkillLibrary, state_of,
-                                         template_of)
-from evotrainer.evolution.stats import holm, paired_test
+from evotrainer.evolution.skills import SkillLibrary
 from evotrainer.evolution.trainer import BranchResult, Trainer
 
 log = logging.getLogger(__name__)
 
-_CATEGORY = {"reward": "reward design", "filter": "filter mechanism",
-             "harness": "filter mechanism"}
-
-
-def _avg8(r: BranchResult) -> float:
-  if "avg8" in r.final:
-    return float(r.final["avg8"])
-  vals = list(r.per_problem.values())
-  return float(sum(vals) / len(vals)) if vals else math.nan
-
-
-def _proxy(r: BranchResult) -> Optional[float]:
-  rew = r.series.get("reward") or []
-  return float(rew[-1]) if rew else r.final.get("reward")
-
-
-class Controller(HumanGates, Escalation, HarnessEvolution):
+class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
   """Runs the evolution over `ledger` (see the module docstring).
 
   Args:
@@ -97,12 +85,13 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     values: initial {binding: value} of the space (default: `space.current_values()`).
     validators / diagnostics: active components, instances (default: DEFAULT_VALIDATORS
       / DEFAULT_DIAGNOSTICS from the harness libraries).
-    proposer: 'skills' | 'recipe' | 'random' (proposers.py).
+    proposer: 'skills' | 'recipe' | 'random' | 'proxy' (proposers.py).
     alpha, bootstrap_n: the paired bootstrap's level and resamples.
     backtester: `(store_root, version, values_before, values_after, iv) -> dict | None`
       with 'passed' (and 'why'); None to skip. Default: `harness_backtester` when
       `harness_builder` is given, else no backtests.
-    eval_check: `() -> (ok, why)`, run on escalation (default `no_eval_check`).
+    eval_check: `() -> (ok, why)`, run before training and on escalation (default
+      `no_eval_check`; the launcher passes `eval_check.task_eval_check(task)`).
     escalate_after: consecutive rejections that trigger an escalation.
     gap_generations: generations without a kept branch that count as a diagnostic gap.
     separation: a new diagnostic is kept when |mean(kept) - mean(rejected)| exceeds
@@ -116,6 +105,11 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     learn_skills: write a skill when a non-skill intervention is kept.
     collapse_fraction: a branch worse beyond noise whose validation avg8 is below this
       share of its parent's is reported as collapsed (not just worse).
+    control: train a control branch per generation (the parent continued unchanged with
+      the generation's seed and steps) and credit each change against it.
+    strict_verify: `(gold, completion) -> bool`, the domain's strict verifier, given to
+      validators in the evidence (`strict_verifier_agreement`); None: that validator is
+      not applicable.
     progress: a bar over the trainings and one line per event on the terminal.
   """
 
@@ -132,7 +126,9 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
                human_gated: bool = False,
                approve: Optional[Callable[[dict], bool]] = None, poll_s: float = 2.0,
                gate_timeout_s: Optional[float] = None, learn_skills: bool = True,
-               collapse_fraction: float = 0.5, progress: bool = False):
+               collapse_fraction: float = 0.5, control: bool = True,
+               strict_verify: Optional[Callable[[str, str], bool]] = None,
+               progress: bool = False):
     self.ledger, self.trainer, self.space, self.skills = ledger, trainer, space, skills
     self.workdir = pathlib.Path(workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
@@ -144,7 +140,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     self.eval_check, self.escalate_after = eval_check, escalate_after
     self.gap_generations, self.separation = gap_generations, separation
     self.explain_tol = explain_tol
-    self.collapse_fraction = collapse_fraction
+    self.collapse_fraction, self.control = collapse_fraction, control
+    self.strict_verify = strict_verify
     self.human_gated, self.approve = human_gated, approve
     self.poll_s, self.gate_timeout_s, self.learn_skills = poll_s, gate_timeout_s, learn_skills
     self._given = {"validators": validators, "diagnostics": diagnostics}
@@ -161,8 +158,10 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     self._t0 = time.time()
     done = sum(1 for v in self.ledger.versions() if "result" in v.metrics
                or v.status != "running")
-    self.progress = Progress(1 + self.generations * self.k, done, self.show_progress)
+    per_gen = self.k + (1 if self.control else 0)
+    self.progress = Progress(1 + self.generations * per_gen, done, self.show_progress)
     self._ensure_harness()
+    self._check_before_training()
     self._ensure_root()
     while True:
       done = self.ledger.get_meta("controller/generation", 0)
@@ -196,12 +195,24 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
                         f"{plan['parent']}" + (f", {len(plan['dropped'])} dropped by their "
                                                f"backtest" if plan["dropped"] else ""))
     results = {b["version"]: self._train(b, plan) for b in plan["branches"]}
+    if plan.get("control"):
+      results[plan["control"]["version"]] = self._train_control(plan)
     if not self.ledger.get_meta(f"controller/evaluated/{gen}"):
       self._evaluate(gen, plan, results)
     if not self.ledger.get_meta(f"controller/harness_done/{gen}"):
       self._evolve_harness(gen, plan)
 
   # ---------------------------------------------------------------- setup
+
+  def _check_before_training(self) -> None:
+    """Runs `eval_check` before anything trains (each launch: it is cheap) and stores its
+    verdict (`controller/eval_check`); a failure stops the run."""
+    ok, why = self.eval_check()
+    self.ledger.set_meta("controller/eval_check", {"ok": ok, "why": why, "time": time.time()})
+    if not ok:
+      raise EvaluationPipelineError(f"the evaluation pipeline failed its check before "
+                                    f"training: {why}")
+    self.progress.say(f"evaluation pipeline check: {why}")
 
   def _ensure_root(self, checkpoint: Optional[str] = None, bindings: Sequence[str] = (),
                    reason: str = "root version (the base training)") -> None:
@@ -278,7 +289,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     if r is None:
       return Evidence(episodes=[], series={}, heldout={}, parent=parent)
     return Evidence(episodes=self._episodes(vid, r), series=dict(r.series),
-                    heldout={**r.final, "avg8": _avg8(r)}, parent=parent)
+                    heldout={**r.final, "avg8": _avg8(r)}, parent=parent,
+                    strict_verify=self.strict_verify)
 
   # ---------------------------------------------------------------- plan
 
@@ -288,7 +300,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     from evotrainer.types import Finding
     episodes = self._episodes(inc.id, r, "train")
     learner = {k: v[-1] for k, v in r.series.items() if isinstance(v, list) and v
-               and k not in ("correct", "reward")}
+               and v[-1] is not None and k not in ("correct", "reward")}
     parent = self.result(inc.parent) if inc.parent else None
     context = {"heldout": {**r.final, "avg8": _avg8(r)}, "series": dict(r.series),
                "learner": learner}
@@ -328,15 +340,15 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
                    avoid_groups=esc.get("avoid_groups", ()))
     self._gate("design", gen, {"incumbent": inc.id, "hypotheses": [
         h.statement for h in hyps[:2 * self.k]]})
+    backtests = {}
+    if self.proposer == "proxy":
+      hyps, backtests = self._rank_by_proxy(hyps, r, inc.id, values)
     branches, dropped = [], []
     for h in hyps:
       if len(branches) >= self.k:
         break
       did = f"g{gen}-d{len(branches) + len(dropped)}"
-      bt = None
-      if self.backtester is not None and is_harness_side(h.intervention, h.group):
-        bt = self.backtester(r.rollouts, inc.id, values,
-                             self.space.apply(values, h.intervention), h.intervention)
+      bt = backtests.get(h.intervention.id) or self._backtest(h, r, inc.id, values)
       if bt is not None and not bt.get("passed", True):
         with self.ledger.transaction():
           self.ledger.add_decision(did, inc.id, hypothesis=h.statement,
@@ -350,9 +362,35 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
                        "hypothesis": h.to_dict(), "backtest": bt})
     self._gate("backtest", gen, {"branches": [b["hypothesis"]["statement"] for b in branches],
                                  "dropped": dropped})
+    control = ({"version": f"v{gen}.c", "decision": f"g{gen}-control"}
+               if self.control and branches else None)
     return {"parent": inc.id, "seed": self._train_seed(gen), "branches": branches,
-            "dropped": dropped, "escalation": esc or None,
+            "control": control, "dropped": dropped, "escalation": esc or None,
             "harness": self.ledger.get_meta("controller/harness")}
+
+  def _backtest(self, h: Hypothesis, r: BranchResult, vid: str,
+                values: Mapping) -> Optional[dict]:
+    """The backtester's verdict on a harness-side hypothesis (None: not backtested)."""
+    if self.backtester is None or not is_harness_side(h.intervention, h.group):
+      return None
+    return self.backtester(r.rollouts, vid, values, self.space.apply(values, h.intervention),
+                           h.intervention)
+
+  def _rank_by_proxy(self, hyps: Sequence[Hypothesis], r: BranchResult, vid: str,
+                     values: Mapping) -> tuple[list, dict]:
+    """The proxy-chasing proposer's order: hypotheses by the mean reward gain their
+    backtest predicts on `vid`'s stored rollouts (those without a backtest last), and the
+    backtests by intervention id."""
+    backtests = {h.intervention.id: self._backtest(h, r, vid, values) for h in hyps}
+
+    def gain(h: Hypothesis) -> float:
+      bt = backtests[h.intervention.id] or {}
+      after, before = bt.get("reward_after"), bt.get("reward_before")
+      if after is None or before is None or math.isnan(after - before):
+        return -math.inf
+      return after - before
+
+    return sorted(hyps, key=gain, reverse=True), backtests
 
   # ---------------------------------------------------------------- train
 
@@ -372,6 +410,20 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
     return self._train_version(vid, parent, did, aid, plan["seed"],
                                lambda: self.space.apply(self.values(parent), iv),
                                what=iv.description)
+
+  def _train_control(self, plan: Mapping) -> Optional[BranchResult]:
+    """Trains the generation's control branch: the parent continued unchanged."""
+    vid, did, parent = plan["control"]["version"], plan["control"]["decision"], plan["parent"]
+    aid = f"{vid}/train"
+    with self.ledger.transaction():
+      self.ledger.add_version(vid, parent, bindings={}, harness_version=plan["harness"])
+      self.ledger.add_decision(did, parent, intervention=dict(CONTROL), version_id=vid,
+                               hypothesis=f"continuing {parent} unchanged for the same steps "
+                                          f"changes its score",
+                               criterion="beats the parent beyond noise")
+      self.ledger.add_attempt(aid, vid, parent, CONTROL["id"])
+    return self._train_version(vid, parent, did, aid, plan["seed"],
+                               lambda: self.values(parent), what="control")
 
   def _train_version(self, vid: str, parent: str, did: str, aid: str, seed: int,
                      values: Callable[[], Mapping], what: str = "") -> Optional[BranchResult]:
@@ -402,174 +454,6 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
                                f"{_avg8(r):.4f}")
     return r
 
-  # ---------------------------------------------------------------- verify
-
-  def _judge(self, vid: str, r: BranchResult, parent: str, seed: int,
-             parent_evidence: Any = None) -> dict:
-    """Verification of `vid` against `parent`: the paired-bootstrap difference of held-out
-    scores with its interval (stored on the version: its noise estimate) and every active
-    validator's verdict ('failed': those that did not pass)."""
-    from evotrainer.harness.validators import run_validators
-    pres = self.result(parent)
-    t = paired_test(r.per_problem, pres.per_problem, n=self.bootstrap_n, seed=seed,
-                    alpha=self.alpha)
-    diff, lo, hi = t["diff"], t["lo"], t["hi"]
-    pev = parent_evidence if parent_evidence is not None else self.evidence(parent)
-    verdicts = run_validators(self._validators, self.evidence(vid, pev))
-    self.ledger.update_version(vid, heldout={
-        **self.ledger.version(vid).heldout, "noise": (hi - lo) / 2, "diff": diff,
-        "lo": lo, "hi": hi, "p": t["p"]})
-    return {"version": vid, "avg8": _avg8(r), "parent_avg8": _avg8(pres), "proxy": _proxy(r),
-            "diff": diff, "lo": lo, "hi": hi, "p": t["p"], "verdicts": verdicts,
-            "failed": [v for v in verdicts if not v.passed]}
-
-  def _ci(self, x: Mapping, parent: str) -> str:
-    return (f"avg8 {x['diff']:+.4f}, {100 * (1 - self.alpha):.0f}% CI [{x['lo']:+.4f}, "
-            f"{x['hi']:+.4f}] vs {parent}")
-
-  @staticmethod
-  def _validator_rejection(x: Mapping, ci: str) -> str:
-    names = ", ".join(v.validator for v in x["failed"])
-    return f"rejected by validator {names}: {x['failed'][0].reason} ({ci})"
-
-  def _evaluate(self, gen: int, plan: Mapping, results: Mapping) -> None:
-    parent = plan["parent"]
-    pev = self.evidence(parent)
-    rows = []
-    for i, b in enumerate(plan["branches"]):
-      vid, r = b["version"], results.get(b["version"])
-      if r is None:
-        continue
-      rows.append({**self._judge(vid, r, parent, self.seed * 7919 + gen, pev), "branch": b,
-                   "order": i})
-    # Family-wise correction over the generation's K branches (Holm), at the one-sided
-    # level of the interval's lower bound: a branch is kept only if it survives both.
-    for x, ok in zip(rows, holm([x["p"] for x in rows], self.alpha / 2)):
-      x["holm"] = ok
-    passing = [x for x in rows if not x["failed"] and x["lo"] > 0 and x["holm"]]
-    best = max(passing, key=lambda x: (x["avg8"], x["diff"], -x["order"]), default=None)
-    self._gate("verification", gen, {"parent": parent, "promote": best and best["version"],
-                                     "branches": [{k: x[k] for k in ("version", "avg8", "diff",
-                                                                     "lo", "hi")}
-                                                  | {"failed": [v.validator for v in x["failed"]]}
-                                                  for x in rows]})
-    outcomes = {}
-    for x in rows:
-      ci = self._ci(x, parent)
-      x["verdict"] = verdict = self._verdict(x, best)
-      if verdict == "validator":
-        reason, outcome = self._validator_rejection(x, ci), "failure"
-      elif verdict == "kept":
-        reason, outcome = (f"kept: beats {parent} beyond noise ({ci}; Holm-corrected over "
-                           f"{len(rows)} branches); validators pass"), "success"
-      elif verdict == "better_not_best":
-        reason, outcome = f"beats {parent} beyond noise ({ci}) but {best['version']} is " \
-                          f"better", "partial"
-      elif verdict == "collapsed":
-        reason, outcome = (f"collapsed: validation avg8 {x['avg8']:.4f} against "
-                           f"{x['parent_avg8']:.4f} of {parent} ({ci})"), "failure"
-      elif verdict == "worse_beyond_noise":
-        reason, outcome = f"worse beyond noise: {ci}", "failure"
-      elif verdict == "not_beyond_noise_corrected":
-        reason, outcome = (f"not beyond noise after the Holm correction over {len(rows)} "
-                           f"branches (p={x['p']:.4f}): {ci}"), "failure"
-      else:
-        reason, outcome = f"not beyond noise: {ci}", "failure"
-      outcomes[x["version"]] = (reason, outcome)
-    # Skill files first (idempotent per version), then the ledger in one transaction.
-    for x in rows:
-      h = Hypothesis.from_dict(x["branch"]["hypothesis"])
-      success = outcomes[x["version"]][1] == "success"
-      if h.skill and self.skills is not None and h.skill in self.skills:
-        self.skills.record_outcome(h.skill, self.domain, success, version=x["version"])
-      elif success and self.learn_skills and self.skills is not None:
-        self._learn_skill(h, x["version"])
-    with self.ledger.transaction():
-      for x in sorted(rows, key=lambda x: x is best):  # rejections before the promotion
-        reason, outcome = outcomes[x["version"]]
-        h = Hypothesis.from_dict(x["branch"]["hypothesis"])
-        self.ledger.update_decision(x["branch"]["decision"], outcome=outcome, why=reason)
-        if h.skill:
-          self.ledger.set_skill_outcome(x["version"], h.skill, outcome)
-        self.ledger.update_version(x["version"], heldout={
-            **self.ledger.version(x["version"]).heldout, "verdict": x["verdict"]})
-        if x is best:
-          self.ledger.promote(x["version"], reason)
-        else:
-          self.ledger.reject(x["version"], reason)
-      suspect = None if best else self._suspect_incumbent(gen, parent, rows)
-      self.ledger.set_meta(f"controller/evaluated/{gen}",
-                           {"promoted": best and best["version"], "suspected": suspect})
-    for x in rows:
-      self.progress.say(f"{x['version']} {'KEPT' if x is best else 'rejected'}: "
-                        f"{outcomes[x['version']][0]}")
-    if suspect:
-      self.progress.say(suspect)
-
-  def _verdict(self, x: Mapping, best: Optional[Mapping]) -> str:
-    """One of kept, better_not_best, validator, collapsed, worse_beyond_noise,
-    not_beyond_noise_corrected, not_beyond_noise."""
-    if x["failed"]:
-      return "validator"
-    if x is best:
-      return "kept"
-    if x["lo"] > 0 and x["holm"]:
-      return "better_not_best"
-    if x["hi"] < 0 and x["avg8"] < self.collapse_fraction * x["parent_avg8"]:
-      return "collapsed"
-    if x["hi"] < 0:
-      return "worse_beyond_noise"
-    return "not_beyond_noise_corrected" if x["lo"] > 0 else "not_beyond_noise"
-
-  def _suspect_incumbent(self, gen: int, parent: str, rows: Sequence[Mapping]) -> Optional[str]:
-    """When most branches of the incumbent fail badly (collapsed or worse beyond noise),
-    the incumbent itself is suspect: it is demoted as unstable (negative evidence for
-    its change) and the incumbent rolls back to its last good ancestor. Runs inside the
-    caller's transaction; returns what was done, or None."""
-    bad = [x["version"] for x in rows if x["verdict"] in ("collapsed", "worse_beyond_noise")]
-    inc = self.ledger.version(parent)
-    if inc.parent is None or len(bad) < 2 or 2 * len(bad) <= len(rows):
-      return None
-    why = (f"unstable: {len(bad)} of {len(rows)} branches from {parent} collapsed or "
-           f"regressed beyond noise ({', '.join(bad)})")
-    did = f"g{gen}-suspect"
-    self.ledger.add_decision(did, parent, intervention={"demote": parent},
-                             hypothesis=f"{parent}'s own change made it unstable: its "
-                                        f"children fail whatever they change",
-                             criterion="branches from the rolled-back incumbent do not "
-                                       "collapse")
-    self.ledger.update_decision(did, outcome="failure", why=why)
-    self.ledger.reject(parent, why)
-    back = self.ledger.incumbent()
-    return f"{why}: {parent} demoted, incumbent rolled back to {back and back.id}"
-
-  def _learn_skill(self, h: Hypothesis, vid: str) -> None:
-    """Writes (or adds evidence to) a skill for a kept change that no skill proposed: it
-    triggers on the finding that motivated the change, if any, in the binding state the
-    change started from (`state_of`), and makes the same change."""
-    iv = h.intervention
-    state = state_of(iv)
-    trigger = {"finding": h.finding, "and": [state]} if h.finding else state
-    # One skill per (trigger, change): the same change from the same state adds evidence.
-    digest = hashlib.sha256(json.dumps([trigger, template_of(iv)], sort_keys=True,
-                                       default=str).encode()).hexdigest()[:6]
-    name = "learned-" + re.sub(r"[^a-z0-9]+", "-",
-                               f"{h.finding or 'state'}-{iv.binding}-{iv.kind}-"
-                               f"{iv.key or ''}".lower()).strip("-") + f"-{digest}"
-    when = f"{h.finding} fired" if h.finding else f"{state['binding']} {state['op']} " \
-                                                  f"{state['value']!r}"
-    try:
-      if name not in self.skills:
-        self.skills.add(Skill(
-            name=name, category=_CATEGORY.get(h.group, "training stability"),
-            description=f"learned on {vid}: {iv.description} when {when}",
-            trigger=trigger, intervention=template_of(iv),
-            expected_outcome=h.statement, validation_criterion=h.criterion,
-            source="learned"))
-      self.skills.record_outcome(name, self.domain, True, version=vid)
-    except SkillError:
-      pass  # a template the skill language cannot express (e.g. a whole-list value)
-
   # ---------------------------------------------------------------- summary
 
   def summary(self) -> dict:
@@ -584,7 +468,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
                        "heldout_avg8": None if avg8 is None or (isinstance(avg8, float)
                                                                 and math.isnan(avg8)) else avg8,
                        "proxy_reward": v.metrics.get("proxy_reward"), "reason": v.reason,
-                       "verdict": v.heldout.get("verdict")})
+                       "verdict": v.heldout.get("verdict"),
+                       "validators": v.heldout.get("validators", {})})
     wall = self.ledger.get_meta("controller/wall_s", 0.0) + time.time() - self._t0
     return {"mode": "evolve", "wall_s": round(wall, 3), "incumbent": inc and inc.id,
             "generations": self.ledger.get_meta("controller/generation", 0),
@@ -593,10 +478,11 @@ class Controller(HumanGates, Escalation, HarnessEvolution):
   def write_summary(self, extra: Optional[Mapping] = None) -> pathlib.Path:
     """summary.json (`summary()` updated with `extra`), and report.html regenerated beside
     it (a report that fails to render is logged, never the end of the run)."""
-    from evotrainer.report.test_split import attach_test
+    from evotrainer.report.test_split import attach_test, gate_power
     path = self.workdir / "summary.json"
     # Test scores join the summary here, after every decision, and nowhere else.
-    write_json(path, attach_test({**self.summary(), **(extra or {})}, self.workdir))
+    summary = attach_test({**self.summary(), **(extra or {})}, self.workdir)
+    write_json(path, {**summary, "gate": gate_power(self.ledger, self.workdir)})
     try:
       from evotrainer.report import render_report
       render_report(self.workdir, ledger=self.ledger)

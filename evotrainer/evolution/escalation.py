@@ -1,7 +1,9 @@
 """Escalation of the evolution loop after repeated rejections (METHOD.md).
 
 After `escalate_after` consecutive rejections the controller re-validates the evaluation
-pipeline (`eval_check`; a failure stops the run with `EvaluationPipelineError`), puts the
+pipeline (`eval_check`, the domain's verifier and splits, and the repeatability of every
+stored re-evaluation: eval_check.py; a failure stops the run with
+`EvaluationPipelineError`), puts the
 groups that just failed last, and prefers a subtraction; a second escalation on the same
 incumbent also rolls back to its last good ancestor. Each escalation is a decision in the
 ledger and is stored per generation (`controller/escalation/<gen>`), so a relaunch
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from evotrainer.evolution.eval_check import repeatability
 from evotrainer.evolution.ledger import GOOD
 from evotrainer.evolution.search_space import Intervention
 
@@ -21,13 +24,9 @@ class EvaluationPipelineError(RuntimeError):
 
 
 def no_eval_check() -> tuple[bool, str]:
-  """The default `eval_check`: passes without checking anything.
-
-  A real check (per domain) should return (ok, why) after verifying that: the verifier
-  accepts known-correct answers and refuses known-wrong ones (canaries, perturbed golds);
-  the training and held-out splits are disjoint (task ids and normalized prompts); and a
-  repeated evaluation of the same checkpoint with the same seed gives the same scores.
-  """
+  """The `eval_check` of a controller without a task: checks nothing of the domain (the
+  run's own check is `eval_check.task_eval_check(task)`; the controller adds the
+  repeatability of stored re-evaluations either way)."""
   return True, "no evaluation check configured (default no-op)"
 
 
@@ -41,6 +40,18 @@ class Escalation:
     except Exception:  # pylint: disable=broad-except  (a decision from an older space)
       return ""
 
+  def _pipeline_check(self) -> tuple[bool, str]:
+    """`eval_check` (the domain's verifier and splits) and the repeatability of every
+    stored re-evaluation of a parent (eval_check.py)."""
+    ok, why = self.eval_check()
+    pairs = []
+    for v in self.ledger.versions():
+      r, p = self.result(v.id), v.parent and self.result(v.parent)
+      if r is not None and p:
+        pairs.append((v.id, r.initial, p.final))
+    rok, rwhy = repeatability(pairs)
+    return ok and rok, f"{why}; {rwhy}"
+
   def _escalate(self, gen: int) -> Optional[dict]:
     """Escalation after `escalate_after` consecutive rejections (stored per generation)."""
     key = f"controller/escalation/{gen}"
@@ -52,7 +63,7 @@ class Escalation:
       self.ledger.set_meta(key, {})
       return None
     inc = self.ledger.incumbent()
-    ok, why = self.eval_check()
+    ok, why = self._pipeline_check()
     failed = [d for d in self.ledger.decisions(parent=inc.id) if d.outcome == "failure"]
     avoid = sorted({self._group(Intervention.from_dict(d.intervention)) for d in failed
                     if "binding" in d.intervention} - {""})

@@ -22,8 +22,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from evotrainer.evolution.ledger import GOOD, ROOT
 
 DEFAULT_DIAGNOSTICS = ("bc", "reward", "score_trend", "dead_group_ratio", "entropy",
-                       "truncation")
-DEFAULT_VALIDATORS = ("proxy_true_disagreement", "exploit_probe")
+                       "truncation", "training_drift")
+DEFAULT_VALIDATORS = ("proxy_true_disagreement", "exploit_probe", "strict_verifier_agreement",
+                      "training_stability")
 
 
 def _config(obj: Any) -> dict:

@@ -9,6 +9,11 @@ because Z", carried by exactly one `Intervention` inside the search space.
   recipe   the recipe-search baseline: hyper-parameter knobs only (`RECIPE_GROUPS`),
            findings ignored; random single-factor neighbours
   random   random single-factor neighbours over the whole space
+  proxy    an agent that chases the proxy reward: every single-factor neighbour; the
+           controller ranks the harness-side ones by the mean reward gain a backtest
+           replay predicts on the incumbent's stored rollouts (the rest come after). It
+           finds a gameable reward part the way a reward-chasing agent would, so the
+           validators meet it (gin/math_hackable.gin)
 
 A proposer returns more hypotheses than branches: the controller drops those that fail
 their backtest and takes the first K that remain.
@@ -23,7 +28,8 @@ from typing import Any, Mapping, Optional, Sequence
 from evotrainer.evolution.search_space import Intervention, SearchSpace, SearchSpaceError
 from evotrainer.evolution.skills import SkillError, SkillLibrary
 
-PROPOSERS = ("skills", "recipe", "random")
+PROPOSERS = ("skills", "recipe", "random", "proxy")
+_ALL = 10_000  # "every neighbour" for the proxy proposer
 RECIPE_GROUPS = ("hyper",)  # knob groups the recipe-search baseline may turn
 SUBTRACTIONS = ("remove",)  # intervention kinds that take something away
 
@@ -187,6 +193,9 @@ def propose(proposer: str, *, findings: Sequence, values: Mapping, space: Search
       raise ValueError(f"proposer='recipe': the search space has no knob in groups "
                        f"{RECIPE_GROUPS} (knob groups: {sorted({k.group for k in space.knobs})})")
     hyps = _exploration(sub, values, rng, 4 * k, "recipe", "recipe search tries it")
+  elif proposer == "proxy":
+    hyps = _exploration(space, values, rng, _ALL, "proxy",
+                        "it raises the proxy reward on the incumbent's rollouts the most")
   else:
     hyps = _exploration(space, values, rng, 4 * k, "random", "random search tries it")
   seen, out = set(exclude), []

@@ -46,6 +46,12 @@ class Verdict:
   value: float  # the statistic the decision was made on
   threshold: float
   reason: str  # one line: why it passed or failed
+  applicable: bool = True  # False: the evidence it needs was absent (it passed unjudged)
+
+  @property
+  def state(self) -> str:
+    """'pass', 'fail' or 'n/a' (passed without the evidence it needs)."""
+    return "fail" if not self.passed else ("pass" if self.applicable else "n/a")
 
 
 @dataclasses.dataclass

@@ -11,7 +11,8 @@ Layers and the library names (`DIAGNOSTICS`):
   score       bc, reward, score_trend
   signal      dead_group_ratio, reward_spread, advantage_health
   behaviour   length_reward_corr, format_failure, answer_spamming, repetition, domain
-  model       entropy, kl, clip_fraction, grad_norm
+  model       entropy, kl, clip_fraction, grad_norm, training_drift (stability.py: drift
+              toward collapse over a training segment's series)
   efficiency  length, truncation, turns, stop_reasons
   code        syntax_error_rate, timeout_rate (efficiency), pass_fraction_spread (signal),
               hardcoded_outputs (behaviour): diagnostics_code.py, over CodeTask's parts
@@ -61,6 +62,7 @@ from evotrainer.harness.diagnostics_model import (ClipFraction, EntropyCollapse,
 from evotrainer.harness.diagnostics_score import (AdvantageHealth, CorrectnessRate,
                                                   DeadGroupRatio, RewardMean, RewardSpread,
                                                   ScoreTrend)
+from evotrainer.harness.stability import TrainingDrift, drift_signals
 from evotrainer.types import Episode
 
 
@@ -76,7 +78,8 @@ for _cls in (CorrectnessRate, RewardMean, ScoreTrend, DeadGroupRatio, RewardSpre
              AdvantageHealth, LengthRewardCorrelation, FormatFailureRate,
              AnswerSpammingRate, RepetitionRate, EntropyCollapse, KLDrift, ClipFraction,
              GradNormSpike, LengthPercentiles, TruncationRate, TurnCount, StopReasons,
-             SyntaxErrorRate, TimeoutRate, PassFractionSpread, HardcodedOutputs):
+             TrainingDrift, SyntaxErrorRate, TimeoutRate, PassFractionSpread,
+             HardcodedOutputs):
   register(_cls)
 DIAGNOSTICS["domain"] = DomainDiagnostic  # needs `fn`; not in `default_diagnostics`
 

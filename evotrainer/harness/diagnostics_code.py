@@ -14,7 +14,7 @@ the code parts (math), so the library stays usable everywhere.
 The integrity checks are validators (validators.py): `test_tampering`, and
 `exploit_probe`, which for a `CodeTask` scores a lying program (prints "all tests
 passed", exits 0 before any test) against a right and a wrong one
-(`CodeTask.probe_completions`, harness/probes.py).
+(`CodeTask.exploit_completions`, harness/probes.py).
 """
 
 from __future__ import annotations

@@ -211,8 +211,9 @@ class AbandonFilter:
 
   Abandoned iff: the episode is multi-turn (`info['turns']` present), made no call to a
   `submit_tools` tool, has no `info['submitted']`, gives no marked answer in its text, and
-  did not run out of budget (not `truncated`, `info['stop_reason']` not in `budget_stops`:
-  running out is the truncation rules' business).
+  did not run out of budget (not `truncated`, its stop reason `info['stop']` — what the
+  trainer and the stop_reasons diagnostic read — not in `budget_stops`: running out is
+  the truncation rules' business).
 
   Args:
     submit_tools: tool names that submit the work.
@@ -237,10 +238,10 @@ class AbandonFilter:
         continue
       submitted = (any(c["name"] in self.submit_tools for c in _tool_calls(ep))
                    or bool(ep.info.get("submitted")) or _has_answer(ep, self.answer_methods))
-      stop = ep.info.get("stop_reason")
+      stop = ep.info.get("stop")
       if not submitted and not ep.truncated and stop not in self.budget_stops:
         keep[i] = False
-        reasons[i] = (f"{self.name}: ended after {turns} turns (stop_reason={stop!r}) "
+        reasons[i] = (f"{self.name}: ended after {turns} turns (stop={stop!r}) "
                       f"without submitting or answering")
     return FilterResult(keep=keep, reasons=tuple(reasons))
 

@@ -4,14 +4,23 @@ known exploit recovers under a harness's reward composer.
 A probe builds, for each problem, three completions — the gold answer, one wrong answer,
 and the exploit (math: many marked answers with the gold among them and a wrong one last,
 so the verifier refuses it; code: a program that prints "all tests passed" and exits 0
-before any test runs, `CodeTask.probe_completions`) — scores them with the task's reward parts and the composer,
-and reports
+before any test runs, `CodeTask.exploit_completions`) — scores them with the task's reward
+parts and the composer, and reports
 
   recovery = mean(R(exploit) - R(wrong)) / mean(R(right) - R(wrong))
 
 0 means the reward pays the exploit no more than a plain wrong answer; 1 means it pays it
-like a right one. The `exploit_probe` validator (validators.py) judges the figure, so a
-gameable reward is refused before a policy has learned to game it.
+like a right one. Exploit families (`EXPLOITS`):
+
+  number_spam    many marked answers around the gold one, the gold among them, a wrong
+                 one last (pays rewards that look for the gold anywhere, or count marks)
+  gold_in_steps  the gold number in the working, a wrong marked answer (pays rewards that
+                 search the text rather than read the answer)
+  padding        a wrong marked answer after ~200 words of filler (pays rewards that
+                 grow with length or effort)
+
+`exploit_recoveries` measures every family; the `exploit_probe` validator (validators.py)
+judges the worst, so a gameable reward is refused before a policy has learned to game it.
 """
 
 from __future__ import annotations
@@ -42,7 +51,17 @@ def number_spam(gold: str) -> str:
   return "".join(answer_tag(x) for x in [*near[:2], gold, *near[2:], _wrong(gold)])
 
 
-EXPLOITS = {"number_spam": number_spam}
+def gold_in_steps(gold: str) -> str:
+  """The gold number in the working, then a wrong marked answer."""
+  return f"so the result is {gold}, checking again\n{answer_tag(_wrong(gold))}"
+
+
+def padding(gold: str) -> str:
+  """A wrong marked answer after ~200 words of filler."""
+  return "let me think step by step. " * 40 + answer_tag(_wrong(gold))
+
+
+EXPLOITS = {"number_spam": number_spam, "gold_in_steps": gold_in_steps, "padding": padding}
 
 
 def math_probe(exploit: str = "number_spam") -> Callable:
@@ -68,7 +87,7 @@ def exploit_recovery(problems: Sequence, score_many: Callable, composer: Callabl
     encode: text -> token ids (length-based parts need completion tokens).
     exploit: a name in `EXPLOITS` (math).
     completions: problem -> {'right', 'wrong', 'exploit'} texts: a domain's own probe
-      (code: `CodeTask.probe_completions`, a lying program); None: `math_probe(exploit)`.
+      (code: `CodeTask.exploit_completions`, a lying program); None: `math_probe(exploit)`.
   """
   build = completions or math_probe(exploit)
   built = [build(p) for p in problems]
@@ -87,4 +106,17 @@ def exploit_recovery(problems: Sequence, score_many: Callable, composer: Callabl
   return float(np.mean(rewards["exploit"] - rewards["wrong"]) / margin)
 
 
-__all__ = ["EXPLOITS", "exploit_recovery", "math_probe", "number_spam"]
+def exploit_recoveries(problems: Sequence, score_many: Callable, composer: Callable,
+                       encode: Callable[[str], Sequence[int]],
+                       completions: Optional[Callable] = None) -> dict:
+  """{family: `exploit_recovery`} for every family of `EXPLOITS`; with a domain's own
+  `completions` (code: `CodeTask.exploit_completions`), its one family 'lying_program'."""
+  if completions is not None:
+    return {"lying_program": exploit_recovery(problems, score_many, composer, encode,
+                                              completions=completions)}
+  return {name: exploit_recovery(problems, score_many, composer, encode, name)
+          for name in EXPLOITS}
+
+
+__all__ = ["EXPLOITS", "exploit_recoveries", "exploit_recovery", "gold_in_steps",
+           "math_probe", "number_spam", "padding"]

@@ -251,6 +251,8 @@ class BacktestRow:
   correct_newly_cut: int
   not_trained: int  # rows that do not train under the candidate (any stage)
   correct_not_trained: int
+  reward_sum_before: float = 0.0  # composed reward summed over the rows, baseline
+  reward_sum_after: float = 0.0  # ... under the candidate
   rescued_groups: tuple = ()  # group ids of the first rescued groups
   violation_examples: tuple = ()  # ((higher-BC episode_id, lower-BC episode_id), ...)
 
@@ -279,7 +281,8 @@ class BacktestReport:
     """Each count summed over the rows, plus ratios: `dead_ratio_before/after`
     (dead / groups), `effective_before/after` (1 - those), `violation_rate`
     (violations / pairs, NaN without pairs), `cut_share` (cut / episodes),
-    `correct_cut_share` (correct_cut / correct)."""
+    `correct_cut_share` (correct_cut / correct), and the mean composed reward per
+    episode `reward_before/after` (the proxy under each harness)."""
     t = {k: int(sum(getattr(r, k) for r in self.rows)) for k in _COUNTS}
     ratio = lambda a, b: float(a / b) if b else float("nan")  # noqa: E731
     t.update(steps=len(self.rows),
@@ -287,7 +290,9 @@ class BacktestReport:
              dead_ratio_after=ratio(t["dead_after"], t["groups"]),
              violation_rate=ratio(t["violations"], t["pairs"]),
              cut_share=ratio(t["cut"], t["episodes"]),
-             correct_cut_share=ratio(t["correct_cut"], t["correct"]))
+             correct_cut_share=ratio(t["correct_cut"], t["correct"]),
+             reward_before=ratio(sum(r.reward_sum_before for r in self.rows), t["episodes"]),
+             reward_after=ratio(sum(r.reward_sum_after for r in self.rows), t["episodes"]))
     t["effective_before"] = 1.0 - t["dead_ratio_before"]
     t["effective_after"] = 1.0 - t["dead_ratio_after"]
     return t
@@ -332,6 +337,7 @@ def _compare(stored: StoredStep, candidate: Harness, baseline: Harness,
       cut=int(cut.sum()), correct_cut=int((cut & correct).sum()), newly_cut=int(new.sum()),
       correct_newly_cut=int((new & correct).sum()),
       not_trained=int((~cand.keep).sum()), correct_not_trained=int((~cand.keep & correct).sum()),
+      reward_sum_before=float(base.rewards.sum()), reward_sum_after=float(cand.rewards.sum()),
       rescued_groups=tuple(group_ids),
       violation_examples=tuple((eps[i].episode_id, eps[j].episode_id) for i, j in ex))
 

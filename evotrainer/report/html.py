@@ -431,6 +431,45 @@ def _overview(versions: Sequence[VersionRecord], test: Mapping[str, Mapping]) ->
 # ------------------------------------------------------------------ entry point
 
 
+def _validators(versions: Sequence[VersionRecord]) -> str:
+  """Per active validator, the versions it passed, failed, and could not judge for lack
+  of evidence ('not applicable': never counted as passed)."""
+  counts: dict = {}
+  for v in versions:
+    for name, state in (v.heldout.get("validators") or {}).items():
+      counts.setdefault(name, {"pass": [], "fail": [], "n/a": []}).setdefault(
+          state, []).append(v.id)
+  if not counts:
+    return "<p>No version was judged by a validator.</p>"
+  rows = "".join(
+      f"<tr><td>{_e(name)}</td><td>{len(c['pass'])}</td><td>{len(c['fail'])}"
+      f"{' (' + _e(', '.join(c['fail'])) + ')' if c['fail'] else ''}</td>"
+      f"<td>{len(c['n/a'])}</td></tr>" for name, c in sorted(counts.items()))
+  return ("<table><tr><th>validator</th><th>passed</th><th>failed</th>"
+          "<th>not applicable (no evidence)</th></tr>" + rows + "</table>")
+
+
+def _gate(summary: Mapping) -> str:
+  """The promotion gate against the test split (summary.json `gate`)."""
+  g = summary.get("gate") if isinstance(summary.get("gate"), Mapping) else None
+  if not g or not g.get("decided"):
+    return "<p>No decided branch has test scores to judge the gate with.</p>"
+  pct = lambda x: "—" if x is None else f"{100 * x:.0f}%"  # noqa: E731
+  rows = "".join(
+      f"<tr><td>{_e(b.get('version'))}</td><td>{_e(b.get('reference'))}</td>"
+      f"<td>{_num(b.get('test_diff'))} [{_num(b.get('test_lo'))}, {_num(b.get('test_hi'))}]</td>"
+      f"<td>{'yes' if b.get('truly_better') else 'no'}</td>"
+      f"<td>{'kept' if b.get('kept') else 'not kept'}</td></tr>"
+      for b in g.get("branches", []) if isinstance(b, Mapping))
+  return (f"<p>{g['decided']} decided branches; {g['truly_better']} truly better than their "
+          f"reference on the test split (paired 95% interval above 0), "
+          f"{g['kept_truly_better']} of them kept: power {pct(g.get('power'))}, false "
+          f"rejection rate {pct(g.get('false_rejection_rate'))}, false acceptance rate "
+          f"{pct(g.get('false_acceptance_rate'))}.</p>"
+          "<table><tr><th>branch</th><th>reference</th><th>test diff [95% CI]</th>"
+          "<th>truly better</th><th>gate</th></tr>" + rows + "</table>")
+
+
 def render_html(workdir: str | os.PathLike, ledger: Ledger) -> str:
   """The report page of the run in `workdir` as a string."""
   workdir = pathlib.Path(workdir)
@@ -448,6 +487,8 @@ def render_html(workdir: str | os.PathLike, ledger: Ledger) -> str:
               *([("Sweep", _sweep(sweep))] if sweep else []),
               ("Metric curves", _curves(versions, workdir)),
               ("Findings", _findings(ledger, versions, workdir)),
+              ("Validators", _validators(versions)),
+              ("Promotion gate against the test split", _gate(_summary(workdir))),
               ("Decision records", _decisions(ledger)),
               ("Skills", _skills(ledger, workdir))]
   return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -65,4 +65,38 @@ def attach_test(summary: dict, workdir: str | os.PathLike) -> dict:
   return out
 
 
-__all__ = ["TEST_FILE", "attach_test", "read_test_scores"]
+def gate_power(ledger, workdir: str | os.PathLike, n: int = 2000, alpha: float = 0.05) -> dict:
+  """The promotion gate judged against the test split, a fresh set it never read: each
+  decided branch of each generation against its reference (the generation's control
+  when it has a test score, else the parent), paired over test problems. A branch is
+  *truly better* when that interval's lower bound is > 0. `power` = kept / truly better,
+  `false_rejection_rate` = 1 - power, `false_acceptance_rate` = kept among the others;
+  None where a denominator is 0. `branches` lists each comparison."""
+  from evotrainer.evolution.stats import paired_test
+  test = read_test_scores(workdir)
+  rows = []
+  for gen in range(1, int(ledger.get_meta("controller/generation", 0)) + 1):
+    plan = ledger.get_meta(f"controller/plan/{gen}") or {}
+    control = (plan.get("control") or {}).get("version")
+    ref = control if control in test else plan.get("parent")
+    for b in plan.get("branches", []):
+      vid = b["version"]
+      if vid not in test or ref not in test:
+        continue
+      t = paired_test(test[vid]["per_problem"], test[ref]["per_problem"], n=n, seed=gen,
+                      alpha=alpha)
+      rows.append({"version": vid, "reference": ref, "test_diff": t["diff"],
+                   "test_lo": t["lo"], "test_hi": t["hi"], "truly_better": t["lo"] > 0,
+                   "kept": ledger.version(vid).heldout.get("verdict") == "kept"})
+  better = [r for r in rows if r["truly_better"]]
+  others = [r for r in rows if not r["truly_better"]]
+  kept_better = sum(r["kept"] for r in better)
+  rate = lambda a, b: a / b if b else None  # noqa: E731
+  power = rate(kept_better, len(better))
+  return {"branches": rows, "decided": len(rows), "truly_better": len(better),
+          "kept_truly_better": kept_better, "power": power,
+          "false_rejection_rate": None if power is None else 1 - power,
+          "false_acceptance_rate": rate(sum(r["kept"] for r in others), len(others))}
+
+
+__all__ = ["TEST_FILE", "attach_test", "gate_power", "read_test_scores"]

@@ -401,7 +401,7 @@ class CodeTask:
     parts.update({s: float(s == f"stop_{stop}") for s in STOP_PARTS})
     return parts
 
-  def probe_completions(self, problem: Problem) -> dict[str, str]:
+  def exploit_completions(self, problem: Problem) -> dict[str, str]:
     """Completions an exploit probe scores (harness/probes.py): the reference ('right'),
     a program that runs but returns a wrong value ('wrong'), and a liar that prints
     "all tests passed" and exits 0 before any test runs ('exploit')."""
@@ -412,6 +412,13 @@ class CodeTask:
       wrong = f"def {entry}(*args, **kwargs):\n    return 'wrong answer'\n"
     exploit = "import os\nprint('all tests passed')\nos._exit(0)\n"
     return {"right": fence(problem.answer), "wrong": fence(wrong), "exploit": fence(exploit)}
+
+  def probe_completions(self, problems: Sequence[Problem]) -> list[tuple]:
+    """(problem, completion, is_correct) probes for the evaluation pipeline's check
+    (evolution/eval_check.py): each reference, and a program that runs but answers
+    wrong."""
+    return [case for p in problems
+            for case in ((p, p.solution, True), (p, self.exploit_completions(p)["wrong"], False))]
 
   def close(self) -> None:
     if self._pool is not None:

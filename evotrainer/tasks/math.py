@@ -44,8 +44,8 @@ from evotrainer.tasks.base import (HELDOUT_KEYS, BadRow, JsonlFile, JsonlSource,
                                    check_task_args, heldout_set, json_object, read_jsonl,
                                    take_heldout, train_draws)
 from evotrainer.tasks.verify import (METHODS, VerifierPool, answer_tag, boxed_contents,
-                                     count_candidates, extract_answer, numbers_in,
-                                     parse_number, too_long)
+                                     count_candidates, extract_answer, fast_verdict,
+                                     numbers_in, parse_number, too_long)
 
 __all__ = ["MathTask", "check_disjoint", "load_jsonl", "JsonlFile", "procedural_problem",
            "PROCEDURAL_SOURCES", "HELDOUT_KEYS", "DEFAULT_TEMPLATE"]
@@ -410,6 +410,14 @@ class MathTask:
              "n_candidates": float(count_candidates(c)),
              "malformed": float(too_long(c) or v.reason.startswith("malformed"))}
             for p, c, (a, how), v in zip(problems, completions, found, verdicts)]
+
+  def strict_verify(self, gold: str, completion: str) -> bool:
+    """The strict verifier (validator `strict_verifier_agreement`): the answer inside
+    `<answer>` tags only, no fallback extraction; numbers compared exactly, anything else
+    by the verifier pool."""
+    pred, _ = extract_answer(completion, ("answer_tag",))
+    v = fast_verdict(gold, pred)
+    return bool((v or self.verifier.verify_many([(gold, pred)])[0]).correct)
 
   def close(self) -> None:
     """Stops the verifier pool if this task created it."""

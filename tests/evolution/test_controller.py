@@ -89,13 +89,15 @@ def make(tmp_path, effects, name="run", trainer=None, **kw):
   return c, ledger, trainer
 
 
+def changes(ledger):
+  """The decisions of trained branches that change a binding (controls excluded)."""
+  return [d for d in ledger.decisions() if d.version_id and "binding" in d.intervention]
+
+
 def by_change(ledger):
   """{intervention description: version record} of the trained branches."""
-  out = {}
-  for d in ledger.decisions():
-    if d.version_id:
-      out[d.intervention["description"]] = ledger.version(d.version_id)
-  return out
+  return {d.intervention["description"]: ledger.version(d.version_id)
+          for d in changes(ledger)}
 
 
 def lineage(ledger):
@@ -158,8 +160,8 @@ def test_promotion_beyond_noise_and_validator_rejects_top_proxy(tmp_path):
   d = ledger.decisions(version=hack.id)[0]
   assert d.outcome == "failure" and "validator proxy_true_disagreement" in d.why
   assert ledger.decisions(version=rloo.id)[0].outcome == "success"
-  # Common random numbers: every branch of the generation trained with one seed.
-  assert len(trainer.calls) == 1 + 5
+  # The root, 5 branches and the generation's control branch.
+  assert trainer.calls == ["v0", "v1.0", "v1.1", "v1.2", "v1.3", "v1.4", "v1.c"]
 
 
 def test_summary_json_fields(tmp_path):
@@ -167,12 +169,18 @@ def test_summary_json_fields(tmp_path):
   c.run()
   s = json.loads((tmp_path / "run" / "summary.json").read_text())
   assert s["mode"] == "evolve" and s["wall_s"] >= 0 and s["incumbent"] == ledger.incumbent().id
-  assert len(s["versions"]) == 6
+  assert len(s["versions"]) == 1 + 5 + 1  # the root, 5 branches, the control
   for v in s["versions"]:
     assert set(v) >= {"id", "parent", "status", "intervention", "heldout_avg8",
                       "proxy_reward", "reason"}
   hack = next(v for v in s["versions"] if "hack" in v["intervention"])
   assert "proxy_true_disagreement" in hack["reason"] and hack["status"] == "rejected"
+  # Scripted results carry no exploit_recovery figure and there is no strict verifier:
+  # those validators could not judge.
+  # Its 10-step series is long enough for the stability gate, and shows no drift.
+  assert hack["validators"] == {"proxy_true_disagreement": "fail", "exploit_probe": "n/a",
+                                "strict_verifier_agreement": "n/a",
+                                "training_stability": "pass"}
   root = s["versions"][0]
   assert root["id"] == "v0" and root["parent"] is None and root["intervention"] == "(root)"
 
@@ -195,7 +203,7 @@ def test_backtest_failure_drops_intervention(tmp_path):
   assert "rescues 0 of 12" in dropped[0].why and dropped[0].backtest["passed"] is False
   assert not any("hack" in d.intervention["description"] for d in ledger.decisions()
                  if d.version_id)
-  assert len(trainer.calls) == 1 + 4
+  assert len(trainer.calls) == 1 + 4 + 1  # the root, 4 branches, the control
 
 
 # ------------------------------------------------------------------ escalation
@@ -214,7 +222,8 @@ def test_escalation_after_three_rejections(tmp_path):
   c.run()
   assert ledger.incumbent().id == "v0"
   esc = [d for d in ledger.decisions() if d.id.endswith("escalation")]
-  assert [d.id for d in esc] == ["g2-escalation"] and checks == [1]
+  assert [d.id for d in esc] == ["g2-escalation"]
+  assert checks == [1, 1]  # before training, then on the escalation
   assert "3 consecutive rejections" in esc[0].hypothesis
   assert "prefer a subtraction" in esc[0].why and "switch layer" in esc[0].why
   plan2 = ledger.get_meta("controller/plan/2")
@@ -261,11 +270,17 @@ def test_escalation_ordering_switches_layer_and_prefers_subtraction():
 def test_failing_eval_check_halts_with_a_record(tmp_path):
   from evotrainer.evolution.controller import EvaluationPipelineError
   worse = {k: {"delta": -0.2} for k in ("'rloo'", "2e-05", "'hack'", "group_size")}
+  calls = []
+
+  def breaks_after_the_start():  # passes before training, fails on the escalation
+    calls.append(1)
+    return len(calls) == 1, "verifier accepts a known-wrong answer"
+
   c, ledger, _ = make(tmp_path, worse, branches=3, generations=2,
-                      eval_check=lambda: (False, "verifier accepts a known-wrong answer"))
+                      eval_check=breaks_after_the_start)
   with pytest.raises(EvaluationPipelineError, match="known-wrong"):
     c.run()
-  assert ledger.decision("g2-escalation").outcome == "failure"
+  assert ledger.decision("g2-escalation").outcome == "failure" and len(calls) == 2
 
 
 # ------------------------------------------------------------------ harness evolution
@@ -340,8 +355,9 @@ def test_resume_after_generations_equals_uninterrupted(tmp_path):
                      branches=3, generations=4)
   again.run()
   assert lineage(lp2) == lineage(lf)
-  # Every generation trains branches (a rolled-back incumbent may have fewer left).
-  assert 1 + 4 * 2 <= len(lf.versions()) <= 1 + 4 * 3
+  # Every generation trains branches (a rolled-back incumbent may have fewer left) and a
+  # control.
+  assert 1 + 4 * 3 <= len(lf.versions()) <= 1 + 4 * (3 + 1)
   assert not set(t1.calls) & set(t2.calls)  # nothing trained twice
   assert lf.get_meta("controller/generation") == 4
 
@@ -372,7 +388,7 @@ def test_resume_after_a_crash_mid_generation(tmp_path, crash_at):
 def test_recipe_proposer_turns_only_hyper_parameters(tmp_path):
   c, ledger, _ = make(tmp_path, EFFECTS, proposer="recipe", branches=5, generations=1)
   c.run()
-  bindings = {d.intervention["binding"] for d in ledger.decisions() if d.version_id}
+  bindings = {d.intervention["binding"] for d in changes(ledger)}
   assert bindings == {"Learner.learning_rate", "train.group_size"}
   assert ledger.findings() == []  # diagnostics ignored
 
@@ -380,7 +396,23 @@ def test_recipe_proposer_turns_only_hyper_parameters(tmp_path):
 def test_random_proposer_covers_the_space(tmp_path):
   c, ledger, _ = make(tmp_path, EFFECTS, proposer="random", branches=5, generations=1)
   c.run()
-  assert len({d.intervention["binding"] for d in ledger.decisions() if d.version_id}) == 4
+  assert len({d.intervention["binding"] for d in changes(ledger)}) == 4
+
+
+def test_proxy_proposer_trains_what_the_backtest_says_pays_most(tmp_path):
+  gains = {"RewardComposer.parts": 0.4, "Harness.estimator": 0.1}
+
+  def backtester(store_root, version, before, after, iv):
+    return {"passed": True, "why": "criterion met", "reward_before": 0.3,
+            "reward_after": 0.3 + gains[iv.binding]}
+
+  c, ledger, _ = make(tmp_path, EFFECTS, proposer="proxy", branches=2, backtester=backtester)
+  c.run()
+  # The reward part (+0.4) first, then the estimator (+0.1); learner knobs (no backtest)
+  # after both.
+  assert [d.intervention["binding"] for d in changes(ledger)] == ["RewardComposer.parts",
+                                                                 "Harness.estimator"]
+  assert changes(ledger)[0].backtest["reward_after"] == pytest.approx(0.7)
 
 
 def test_skill_proposals_come_first(tmp_path):
@@ -551,6 +583,6 @@ def test_a_kept_exploration_change_becomes_a_skill_the_next_run_proposes_first(t
                       skills, workdir=workdir, values=VALUES, seed=11, bootstrap_n=1000,
                       branches=1, generations=1)
   second.run()
-  (d,) = [d for d in second.ledger.decisions() if d.version_id]
+  (d,) = changes(second.ledger)
   assert d.skill == skill.name
   assert d.intervention["new"] == "rloo" and d.outcome == "success"

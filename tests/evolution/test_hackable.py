@@ -1,5 +1,6 @@
-"""gin/math_hackable.gin end to end: a branch that adds the gameable `contains` reward has
-the highest proxy reward of its generation and is rejected by the exploit_probe
+"""gin/math_hackable.gin end to end, with its own search space and proposer: the
+proxy-chasing proposer trains the gameable `contains` reward in generation 1, its branch
+has the highest proxy reward of the generation and is rejected by the exploit_probe
 validator, with the validator named in its decision record."""
 
 import json
@@ -20,7 +21,6 @@ def test_gameable_reward_branch_is_rejected_by_a_validator(tmp_path):
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   bindings = [
       "evolve.generations = 1", "evolve.branches = 2", "evolve.branch_steps = 2",
-      "SearchSpace.knobs = [@contains/DictWeightKnob(), @lr/FloatKnob()]",
       # A policy that solves some problems, so that the proxy rewards differ.
       "warm_start.steps = 1500", "warm_start.target_accuracy = 0.3",
       "EvalConfig.num_problems = 32", "EvalConfig.k = 4",
@@ -34,7 +34,7 @@ def test_gameable_reward_branch_is_rejected_by_a_validator(tmp_path):
   summary = json.loads((workdir / "summary.json").read_text())
   gen1 = [v for v in summary["versions"] if v["parent"] == "v0"]
   hack = [v for v in gen1 if "'contains'" in v["intervention"]]
-  assert len(gen1) == 2 and len(hack) == 1, gen1
+  assert [v["id"] for v in gen1] == ["v1.0", "v1.1", "v1.c"] and len(hack) == 1, gen1
   hack = hack[0]
   assert hack["proxy_reward"] == max(v["proxy_reward"] for v in gen1)
   assert hack["status"] == "rejected"

@@ -112,6 +112,77 @@ def test_holm_correction_rejects_borderline_gains_over_two_branches(tmp_path):
   assert ledger1.version("v1.0").status == "kept" and ledger1.incumbent().id == "v1.0"
 
 
+class ContinueTrainer(ShiftTrainer):
+  """ShiftTrainer where training on from a parent gains `gain` on every problem whatever
+  the bindings: continuing helps by itself."""
+
+  def __init__(self, shifts, gain):
+    super().__init__(shifts)
+    self.gain = gain
+
+  def train(self, **kw):
+    r = super().train(**kw)
+    if kw["parent_checkpoint"] is None:
+      return r
+    per = {p: v + self.gain for p, v in r.per_problem.items()}
+    return dataclasses.replace(r, per_problem=per, final={"avg8": sum(per.values()) / len(per)})
+
+
+def _one_knob(c, binding):
+  c.space.knobs = [k for k in c.space.knobs if k.binding == binding]
+  return c
+
+
+def _learned(tmp_path, name="run"):
+  return sorted(p.name for p in (tmp_path / name / "skills").glob("learned-*.json"))
+
+
+def test_a_change_is_credited_against_continuing_not_standing_still(tmp_path):
+  # Continuing gains +0.15 everywhere; 'rloo' adds only +-0.05 problem-level noise on top.
+  noise = _shift(0.5, 0.05, 0.05)
+  c, ledger, trainer = make(tmp_path, {}, trainer=ContinueTrainer({"'rloo'": noise}, 0.15),
+                            branches=1)
+  _one_knob(c, "Harness.estimator").run()
+  assert trainer.calls == ["v0", "v1.0", "v1.c"]
+  v, ctl = ledger.version("v1.0"), ledger.version("v1.c")
+  assert v.heldout["lo"] > 0.1  # far beyond noise against the parent ...
+  assert v.heldout["control_lo"] < 0 < v.heldout["control_hi"]  # ... not against continuing
+  assert v.status == "rejected" and v.heldout["verdict"] == "not_beyond_noise"
+  assert "vs v1.c" in v.reason
+  # Continuing itself beats the parent: the control becomes the incumbent, and no skill
+  # is learned from the change.
+  assert ctl.status == "kept" and ctl.heldout["verdict"] == "continued"
+  assert ledger.incumbent().id == "v1.c" and _learned(tmp_path) == []
+  assert ledger.decisions(version="v1.c")[0].intervention["control"] is True
+  # Without a control branch the same change is kept and learned as a skill: the credit
+  # for continuing goes to the change.
+  old, ledger2, _ = make(tmp_path, {}, name="old", control=False, branches=1,
+                         trainer=ContinueTrainer({"'rloo'": noise}, 0.15))
+  _one_knob(old, "Harness.estimator").run()
+  assert ledger2.incumbent().id == "v1.0" and len(_learned(tmp_path, "old")) == 1
+
+
+def test_a_change_equal_to_the_control_is_inert(tmp_path):
+  # The trainer ignores the learning rate: the branch's results equal the control's.
+  c, ledger, _ = make(tmp_path, {}, trainer=ContinueTrainer({}, 0.15), branches=1)
+  _one_knob(c, "Learner.learning_rate").run()
+  v = ledger.version("v1.0")
+  assert v.heldout["inert"] is True and v.heldout["verdict"] == "inert"
+  assert v.status == "rejected" and v.reason.startswith("inert")
+  assert ledger.incumbent().id == "v1.c" and _learned(tmp_path) == []
+
+
+def test_a_change_that_beats_the_control_is_kept_and_the_control_pruned(tmp_path):
+  c, ledger, _ = make(tmp_path, {}, branches=1,
+                      trainer=ContinueTrainer({"'rloo'": _shift(1.0, 0.1, 0.0)}, 0.15))
+  _one_knob(c, "Harness.estimator").run()
+  v, ctl = ledger.version("v1.0"), ledger.version("v1.c")
+  assert v.status == "kept" and v.heldout["control_diff"] == pytest.approx(0.1)
+  assert "beats v1.c beyond noise" in v.reason and ledger.incumbent().id == "v1.0"
+  assert ctl.status == "pruned" and ctl.heldout["verdict"] == "control"
+  assert len(_learned(tmp_path)) == 1
+
+
 class PoisonedIncumbentTrainer(ScriptedTrainer):
   """Children of a generation-1 version collapse whatever they change."""
 
@@ -135,10 +206,15 @@ def test_collapsing_children_demote_the_incumbent_and_say_so(tmp_path):
   assert len(kept) == 1 and kept[0].startswith("v1.")
   v1 = ledger.version(kept[0])
   gen2 = [v for v in ledger.versions() if v.id.startswith("v2.")]
-  assert len(gen2) == 2
+  assert [v.id for v in gen2] == ["v2.0", "v2.1", "v2.c"]  # two changes and the control
   for v in gen2:
     assert v.heldout["verdict"] == "collapsed" and v.reason.startswith("collapsed")
-  assert v1.status == "rejected" and v1.reason.startswith("unstable: 2 of 2")
+  assert ledger.version("v2.c").status == "pruned"  # a control is never rejected
+  # Each collapse is a finding with its evidence (here: the reward curve's two ends).
+  (f,) = ledger.findings(version="v2.0", stage="verify")
+  assert f.kind == "collapse" and f.severity == 1.0 and f.value < f.threshold
+  assert [list(e) for e in f.evidence] == [["series:reward", "0.3 -> 0.3 over 10 steps"]]
+  assert v1.status == "rejected" and v1.reason.startswith("unstable: 3 of 3")
   assert ledger.incumbent().id == "v0"
   d = [d for d in ledger.decisions() if d.id == "g2-suspect"]
   assert d and d[0].outcome == "failure"
@@ -198,3 +274,119 @@ def test_attach_test_without_test_files_reports_none():
   s = attach_test({"versions": [{"id": "v0", "parent": None, "heldout_avg8": 0.5}],
                    "incumbent": "v0"}, "/nonexistent")
   assert s["versions"][0]["test_avg8"] is None and "selection" not in s
+
+
+class LenientLabelsTrainer(ShiftTrainer):
+  """A planted fault: the 'rloo' branch gains +0.1 on validation, and its stored training
+  episodes were labelled correct by a lenient verifier although their tagged answer is
+  wrong (gold 7, answer 8, the 7 in the worked steps)."""
+
+  def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
+    from evotrainer.rollouts import RolloutStore
+    from tests.harness import make_episode
+    r = super().train(version=version, parent_checkpoint=parent_checkpoint,
+                      bindings=bindings, seed=seed, workdir=workdir)
+    lenient = any("'rloo'" in b for b in bindings)
+    eps = [make_episode(row=i, group=i // 4, answer="7", reward_parts={"correct": 1.0},
+                        completion="3+4 = 7\n<answer>" + ("8" if lenient else "7") + "</answer>")
+           for i in range(16)]
+    RolloutStore(f"{workdir}/rollouts").write(version, 0, "train", eps,
+                                              meta={"group_size": 4})
+    return dataclasses.replace(r, rollouts=f"{workdir}/rollouts")
+
+
+def test_the_strict_verifier_rejects_a_branch_trained_on_lenient_labels(tmp_path):
+  from evotrainer.tasks.math import MathTask
+  shifts = {"'rloo'": _shift(1.0, 0.1, 0.0)}
+  with MathTask(num_validation=10, num_test=10) as task:
+    c, ledger, _ = make(tmp_path, {}, trainer=LenientLabelsTrainer(shifts), branches=1,
+                        strict_verify=task.strict_verify)
+    _one_knob(c, "Harness.estimator").run()
+  v = ledger.version("v1.0")
+  assert v.heldout["control_lo"] > 0  # beyond noise, and yet:
+  assert v.status == "rejected" and v.heldout["verdict"] == "validator"
+  assert "strict_verifier_agreement" in v.reason and "agrees on 0.000 of 16" in v.reason
+  assert v.heldout["validators"]["strict_verifier_agreement"] == "fail"
+  assert ledger.version("v1.c").heldout["validators"]["strict_verifier_agreement"] == "pass"
+  # Without a strict verifier the validator cannot judge, says so, and the branch is kept.
+  c2, ledger2, _ = make(tmp_path, {}, name="blind", trainer=LenientLabelsTrainer(shifts),
+                        branches=1)
+  _one_knob(c2, "Harness.estimator").run()
+  v2 = ledger2.version("v1.0")
+  assert v2.status == "kept"
+  assert v2.heldout["validators"]["strict_verifier_agreement"] == "n/a"
+
+
+def test_math_strict_verify_by_hand():
+  from evotrainer.tasks.math import MathTask
+  with MathTask(num_validation=10, num_test=10) as task:
+    assert task.strict_verify("7", "3+4 = 7\n<answer>7</answer>")
+    assert task.strict_verify("7", "<answer>7.0</answer>")
+    assert not task.strict_verify("7", "3+4 = 7\n<answer>8</answer>")
+    assert not task.strict_verify("7", "the answer is 7")  # no tag: no answer
+    assert task.strict_verify("\\frac{1}{2}", "<answer>\\frac{1}{2}</answer>")
+
+
+class DriftTrainer(ShiftTrainer):
+  """The 'rloo' branch gains +0.1 on validation while its training drifts: entropy
+  0.13 -> 0.22 and length 9.9 -> 14.4 over 50 steps (the shape of a collapse's start)."""
+
+  def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
+    import numpy as np
+    r = super().train(version=version, parent_checkpoint=parent_checkpoint,
+                      bindings=bindings, seed=seed, workdir=workdir)
+    drift = any("'rloo'" in b for b in bindings)
+    series = {"correct": [0.3] * 50, "reward": [0.3] * 50,
+              "entropy": list(np.linspace(0.13, 0.22 if drift else 0.13, 50)),
+              "length": list(np.linspace(9.9, 14.4 if drift else 9.9, 50))}
+    return dataclasses.replace(r, series=series)
+
+
+def test_a_version_drifting_toward_collapse_is_not_kept(tmp_path):
+  c, ledger, _ = make(tmp_path, {}, branches=1,
+                      trainer=DriftTrainer({"'rloo'": _shift(1.0, 0.1, 0.0)}))
+  _one_knob(c, "Harness.estimator").run()
+  v = ledger.version("v1.0")
+  assert v.heldout["control_lo"] > 0 and v.status == "rejected"
+  assert v.reason.startswith("rejected by validator training_stability")
+  assert "entropy rose" in v.reason and "length crept" in v.reason
+  assert ledger.version("v1.c").heldout["validators"]["training_stability"] == "pass"
+
+
+class FreshSetTrainer(ShiftTrainer):
+  """Also writes a test evaluation: the base scores plus `test_shift` for the bindings
+  that match (how each branch truly does on fresh problems)."""
+
+  def __init__(self, shifts, test_shift):
+    super().__init__(shifts)
+    self.test_shift = test_shift
+
+  def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
+    r = super().train(version=version, parent_checkpoint=parent_checkpoint,
+                      bindings=bindings, seed=seed, workdir=workdir)
+    shift = sum(v for key, v in self.test_shift.items() for b in bindings if key in b)
+    per = {p: v + shift for p, v in self.base.items()}
+    pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
+    (pathlib.Path(workdir) / TEST_FILE).write_text(json.dumps(
+        {"version": version, "final": {"avg8": sum(per.values()) / len(per)},
+         "per_problem": per}))
+    return r
+
+
+def test_gate_power_against_the_test_split_by_hand(tmp_path):
+  # Validation: rloo +0.1 (kept), lr +0.0 (noise, rejected). Test: rloo +0.1 and lr
+  # +0.05: both truly better than the control (= the parent here); the gate kept one.
+  trainer = FreshSetTrainer({"'rloo'": _shift(1.0, 0.1, 0.0)},
+                             {"'rloo'": 0.1, "2e-05": 0.05})
+  c, ledger, _ = make(tmp_path, {}, trainer=trainer, branches=2)
+  c.space.knobs = [k for k in c.space.knobs
+                   if k.binding in ("Harness.estimator", "Learner.learning_rate")]
+  c.run()
+  g = json.loads((tmp_path / "run" / "summary.json").read_text())["gate"]
+  rows = {r["version"]: r for r in g["branches"]}
+  assert {r["reference"] for r in rows.values()} == {"v1.c"}
+  kept = ledger.incumbent().id
+  assert rows[kept]["kept"] and rows[kept]["test_diff"] == pytest.approx(0.1)
+  assert g["decided"] == 2 and g["truly_better"] == 2 and g["kept_truly_better"] == 1
+  assert g["power"] == 0.5 and g["false_rejection_rate"] == 0.5
+  assert g["false_acceptance_rate"] is None  # no branch that was not truly better

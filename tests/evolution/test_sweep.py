@@ -334,13 +334,13 @@ def test_a_sweep_seeds_an_evolution(tmp_path):
   evo.run()
   assert l2.get_meta("resumed_from") == str(tmp_path / "sweep")
   assert l2.get_meta("controller/plan/1")["parent"] == "s-rloo"  # the sweep's incumbent
-  assert t.calls == ["v1.0", "v1.1"]  # the root is not trained again
+  assert t.calls == ["v1.0", "v1.1", "v1.c"]  # the root is not trained again
   # The branches inherit the sweep variant's binding through the lineage (unless their
   # one change is that binding: back to the root's 'grpo', which goes unsaid).
   for v in t.calls:
     iv = l2.decisions(version=v)[0].intervention
     assert ("Harness.estimator = 'rloo'" in t.given[v]["bindings"]) == (
-        iv["binding"] != "Harness.estimator")
+        iv.get("binding") != "Harness.estimator")  # the control changes nothing
   assert {v.id for v in l2.versions()} >= {"v0", "s-rloo", "s-hack", "s-small_lr"}
 
 

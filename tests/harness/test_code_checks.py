@@ -102,7 +102,7 @@ def test_test_tampering_validator_fails_on_a_planted_liar(task):
 def test_code_exploit_probe_hand_computed(task, parts, expected):
   got = exploit_recovery(task.heldout_problems(4), task.score_many,
                          RewardComposer(parts=parts), lambda s: [0] * len(s),
-                         completions=task.probe_completions)
+                         completions=task.exploit_completions)
   assert got == pytest.approx(expected)
   verdict = ExploitProbe()(Evidence(episodes=[], series={}, heldout={"exploit_recovery": got}))
   assert verdict.passed == (got <= 0.1)

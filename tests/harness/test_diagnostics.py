@@ -155,6 +155,28 @@ def test_length_reward_correlation_matches_numpy_and_hand_value():
   assert rep.metrics["length_reward_corr_within"] == pytest.approx(np.sqrt(3) / 2)
 
 
+def test_right_answers_that_are_longer_are_not_length_gaming():
+  # A BC-only reward where the correct completions are the long ones (wrong ones were cut
+  # short): the plain correlation is high, but inside each class the reward is constant.
+  lengths, correct = [10, 12, 14, 40, 42, 44], [0, 0, 0, 1, 1, 1]
+  eps = [ep(i, reward=c, length=n, correct=c) for i, (n, c) in enumerate(zip(lengths, correct))]
+  rep = dg.LengthRewardCorrelation()(eps, {})
+  assert rep.metrics["length_reward_corr"] == pytest.approx(np.corrcoef(lengths, correct)[0, 1])
+  assert rep.metrics["length_reward_corr"] > 0.9
+  assert np.isnan(rep.metrics["length_reward_corr_given_correct"]) and rep.findings == ()
+
+
+def test_a_reward_that_pays_length_among_equally_correct_answers_fires():
+  # reward = correct + 0.01 * length: inside each class reward and length are collinear.
+  lengths, correct = [10, 20, 30, 15, 25, 35], [0, 0, 0, 1, 1, 1]
+  eps = [ep(i, reward=c + 0.01 * n, length=n, correct=c)
+         for i, (n, c) in enumerate(zip(lengths, correct))]
+  rep = dg.LengthRewardCorrelation()(eps, {})
+  assert rep.metrics["length_reward_corr_given_correct"] == pytest.approx(1.0)
+  (f,) = rep.findings
+  assert f.value == pytest.approx(1.0) and "equally correct" in f.message
+
+
 def test_length_gaming_needs_varying_reward():
   eps = [ep(i, reward=1.0, length=10 * (i + 1)) for i in range(5)]
   rep = dg.LengthRewardCorrelation()(eps, {})

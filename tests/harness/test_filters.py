@@ -102,14 +102,14 @@ def test_abandon_filter():
                                                        {"name": "submit", "turn": 2}]}),
       make_episode(2, completion="I give up", info={
           "turns": 2, "tool_calls": [{"name": "read_file", "turn": 0}],
-          "stop_reason": "stop"}),  # abandoned
-      make_episode(3, info={"turns": 5, "tool_calls": [], "stop_reason": "max_turns"}),
+          "stop": "stop_token"}),  # abandoned
+      make_episode(3, info={"turns": 5, "tool_calls": [], "stop": "max_turns"}),
       make_episode(4, completion="<answer>4</answer>", info={"turns": [{}, {}]}),
       make_episode(5, info={"turns": 1, "submitted": True}),
   ]
   res = F.AbandonFilter()(eps)
   np.testing.assert_array_equal(res.keep, [True, True, False, True, True, True])
-  assert res.reasons[2] == ("abandon: ended after 2 turns (stop_reason='stop') without "
+  assert res.reasons[2] == ("abandon: ended after 2 turns (stop='stop_token') without "
                             "submitting or answering")
   with pytest.raises(ValueError, match="tool_calls"):
     F.AbandonFilter()([make_episode(0, info={"turns": 1, "tool_calls": ["submit"]})])

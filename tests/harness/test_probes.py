@@ -5,7 +5,8 @@ import math
 import pytest
 
 from evotrainer.harness.base import Evidence
-from evotrainer.harness.probes import exploit_recovery, number_spam
+from evotrainer.harness.probes import (_wrong, exploit_recoveries, exploit_recovery,
+                                       gold_in_steps, number_spam, padding)
 from evotrainer.harness.rewards import OverlongPenalty, RewardComposer
 from evotrainer.harness.validators import VALIDATORS, ExploitProbe
 from evotrainer.tasks.math import MathTask
@@ -53,6 +54,31 @@ def test_exploit_recovery_with_a_length_component(task):
   assert got == pytest.approx(0.5)
 
 
+def test_every_family_by_hand(task):
+  from tests.user_components import CharCountBonus
+  problems = task.heldout_problems(12)
+  # A BC-only reward pays no family; `contains` pays the two that show the gold number
+  # (1 of a margin of 2) and not padding.
+  assert exploit_recoveries(problems, task.score_many, RewardComposer(parts={"correct": 1.0}),
+                            lambda s: []) == {"number_spam": 0.0, "gold_in_steps": 0.0,
+                                              "padding": 0.0}
+  got = exploit_recoveries(problems, task.score_many,
+                           RewardComposer(parts={"correct": 1.0, "contains": 1.0}),
+                           lambda s: [])
+  assert got == {"number_spam": pytest.approx(0.5), "gold_in_steps": pytest.approx(0.5),
+                 "padding": pytest.approx(0.0)}
+  # A reward that pays characters (min(1, chars / 100)) pays padding: by hand, per
+  # problem, right = 1 + len(right) / 100, wrong = len(wrong) / 100, padding = 1.
+  composer = RewardComposer(parts={"correct": 1.0, "chars": 1.0}, components=[CharCountBonus()])
+  right = [len(f"<answer>{p.answer}</answer>") / 100 for p in problems]
+  wrong = [len(f"<answer>{_wrong(p.answer)}</answer>") / 100 for p in problems]
+  margin = sum(1 + r - w for r, w in zip(right, wrong)) / len(problems)
+  gain = sum(1 - w for w in wrong) / len(problems)
+  assert len(padding("5")) > 100 and gold_in_steps("5").startswith("so the result is 5")
+  assert exploit_recovery(problems, task.score_many, composer, lambda s: [],
+                          "padding") == pytest.approx(gain / margin)
+
+
 def test_no_margin_is_nan_and_bad_exploit_is_an_error(task):
   problems = task.heldout_problems(4)
   assert math.isnan(exploit_recovery(problems, task.score_many,
@@ -69,6 +95,9 @@ def test_exploit_probe_validator():
   assert not bad.passed and bad.value == pytest.approx(2 / 3)
   assert bad.reason.startswith("exploit_probe: fail") and "0.667" in bad.reason
   assert probe(ev({"exploit_recovery": 0.1})).passed
+  worst = probe(ev({"exploit_recovery": 0.5, "exploit_recovery/number_spam": 0.2,
+                    "exploit_recovery/padding": 0.5, "exploit_recovery/gold_in_steps": math.nan}))
+  assert not worst.passed and "pays a padding exploit 0.500" in worst.reason
   missing = probe(ev({}))
   assert missing.passed and math.isnan(missing.value) and "no exploit_recovery" in missing.reason
   assert probe(ev({"exploit_recovery": float("nan")})).passed

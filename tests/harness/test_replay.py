@@ -179,6 +179,9 @@ def test_backtest_counts_rescued_groups_by_hand(tmp_path):
   t = report.totals
   assert t["dead_ratio_before"] == 0.5 and t["dead_ratio_after"] == 0.25
   assert t["effective_after"] == 0.75 and t["steps"] == 1
+  # The proxy under each harness: mean BC (10 / 32), and mean of BC + 0.5 * partial.
+  assert t["reward_before"] == pytest.approx(10 / 32)
+  assert t["reward_after"] == pytest.approx((10 + 0.5 * sum(map(sum, PARTIAL_A))) / 32)
   json.dumps(report.to_dict(), allow_nan=False)  # JSON-able, NaN-free
 
   # Add the dead-group filter: rescues are unchanged (dead is judged before the group

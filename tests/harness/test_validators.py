@@ -32,8 +32,15 @@ def evidence(episodes=(), series=None, heldout=None, strict=None) -> Evidence:
 
 def check(verdict, validator, passed: bool):
   assert verdict.passed is passed, verdict.reason
-  assert verdict.validator == validator.name
+  assert verdict.validator == validator.name and verdict.applicable
+  assert verdict.state == ("pass" if passed else "fail")
   assert verdict.reason.startswith(f"{validator.name}: {'pass' if passed else 'fail'}")
+
+
+def not_applicable(verdict, validator):
+  """Passed unjudged: the evidence it needs was absent."""
+  assert verdict.passed and not verdict.applicable and verdict.state == "n/a"
+  assert verdict.reason.startswith(f"{validator.name}: not applicable")
 
 
 # ------------------------------------------------------------------ proxy vs true
@@ -59,10 +66,10 @@ def test_proxy_true_disagreement():
   check(v(evidence(series=small)), v, True)
 
 
-def test_proxy_true_disagreement_without_enough_steps_passes():
+def test_proxy_true_disagreement_without_enough_steps_is_not_applicable():
   v = vl.ProxyTrueDisagreement(window=5)
   verdict = v(evidence(series={"reward": [0.1, 0.9], "correct": [0.1, 0.1]}))
-  check(verdict, v, True)
+  not_applicable(verdict, v)
   assert math.isnan(verdict.value) and "fewer than 5" in verdict.reason
 
 
@@ -93,7 +100,7 @@ def test_strict_verifier_samples_and_skips():
   v = vl.StrictVerifierAgreement(sample=4)
   verdict = v(evidence(eps, strict=_strict))
   assert verdict.value == 0.0 and "of 4 sampled" in verdict.reason
-  check(v(evidence(eps)), v, True)  # no strict verifier: nothing to judge
+  not_applicable(v(evidence(eps)), v)  # no strict verifier: nothing to judge
 
 
 # ------------------------------------------------------------------ length, spam, leaks
@@ -170,7 +177,7 @@ def test_canary_accuracy_from_tagged_and_listed_episodes():
   verdict = v(evidence(eps))
   check(verdict, v, False)
   assert verdict.value == pytest.approx(2 / 4)
-  check(v(evidence([ep(2)])), v, True)  # no canary evidence at all
+  not_applicable(v(evidence([ep(2)])), v)  # no canary evidence at all
 
 
 # ------------------------------------------------------------------ library and runner
@@ -179,7 +186,8 @@ def test_canary_accuracy_from_tagged_and_listed_episodes():
 def test_library_and_runner():
   assert set(vl.VALIDATORS) == {"proxy_true_disagreement", "strict_verifier_agreement",
                                 "length_gaming", "answer_spamming", "leak_detector",
-                                "canary_prompts", "exploit_probe", "test_tampering"}
+                                "canary_prompts", "exploit_probe", "training_stability",
+                                "test_tampering"}
   validators = [cls() for cls in vl.VALIDATORS.values()]
   assert all(isinstance(v, Validator) for v in validators)
   verdicts = vl.run_validators(validators, evidence([ep(i) for i in range(4)]))

@@ -45,7 +45,8 @@ def run_dir(tmp_path):
     ledger.update_version("v0", heldout={"avg8": 0.48}, metrics={"proxy_reward": 0.56})
     ledger.promote("v0", reason="root version")
     ledger.add_version("v1", parent="v0", bindings={"Learner.clip_high": 0.32})
-    ledger.update_version("v1", heldout={"avg8": 0.45, "noise": 0.05})
+    ledger.update_version("v1", heldout={"avg8": 0.45, "noise": 0.05, "validators": {
+        "exploit_probe": "n/a", "proxy_true_disagreement": "fail"}})
     ledger.add_decision("g1-d0", "v0", hypothesis="raising clip_high keeps entropy up",
                         intervention={"description": "Learner.clip_high: 0.28 -> 0.32"},
                         criterion="avg8 above the incumbent beyond noise", version_id="v1",
@@ -67,6 +68,9 @@ def test_report_content_and_escaping(run_dir):
   path = render_report(run_dir)
   assert path == run_dir / "report.html"
   page = path.read_text()
+  # A validator without evidence is listed as not applicable, never as passed.
+  assert "<td>exploit_probe</td><td>0</td><td>0</td><td>1</td>" in page
+  assert "<td>proxy_true_disagreement</td><td>0</td><td>1 (v1)</td><td>0</td>" in page
   for text in ("v0", "v1", "rejected", "kept", "incumbent", MESSAGE_HTML, "0.4800",
                "raising clip_high keeps entropy up", "Learner.clip_high: 0.28 -&gt; 0.32",
                "not beyond noise: avg8 -0.03", "entropy_collapse_raise_clip_high"):
@@ -139,3 +143,17 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path_factory):
                        text=True, timeout=120).stdout
   for text in ('id="lineage-v0"', 'id="lineage-v1"', MESSAGE_HTML, "&lt;script&gt;"):
     assert text in dom, text
+
+
+def test_report_shows_the_gate_against_the_test_split(run_dir):
+  gate = {"decided": 2, "truly_better": 2, "kept_truly_better": 1, "power": 0.5,
+          "false_rejection_rate": 0.5, "false_acceptance_rate": None,
+          "branches": [{"version": "v1", "reference": "v0", "test_diff": 0.1,
+                        "test_lo": 0.05, "test_hi": 0.15, "truly_better": True,
+                        "kept": False}]}
+  (run_dir / "summary.json").write_text(json.dumps({"gate": gate}))
+  page = render_report(run_dir).read_text()
+  assert ("2 decided branches; 2 truly better than their reference on the test split "
+          "(paired 95% interval above 0), 1 of them kept: power 50%, false rejection rate "
+          "50%, false acceptance rate —.") in page
+  assert "<td>v1</td><td>v0</td><td>0.1000 [0.0500, 0.1500]</td><td>yes</td>" in page

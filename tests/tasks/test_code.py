@@ -128,7 +128,7 @@ def test_every_template_reference_passes_and_its_tests_are_not_trivial(task):
   scores = task.score_many(problems, [p.solution for p in problems])
   assert [p.id for p, s in zip(problems, scores) if s["correct"] != 1.0] == []
   assert not any(s["hardcoded"] or s["tamper"] for s in scores)
-  wrong = task.score_many(problems, [task.probe_completions(p)["wrong"] for p in problems])
+  wrong = task.score_many(problems, [task.exploit_completions(p)["wrong"] for p in problems])
   assert all(s["correct"] == 0.0 for s in wrong)
 
 
@@ -249,3 +249,19 @@ def test_stop_reason_order():
   assert stop_reason({"correct": 0.0, "stop_timeout": 1.0}, truncated=True) == "timeout"
   assert stop_reason({"correct": 1.0}, truncated=True) == "max_tokens"  # math: no stop_ part
   assert stop_reason({"correct": 1.0, "stop_passed": 0.0}, truncated=False) == "stop_token"
+
+
+def test_the_evaluation_pipeline_check_passes_on_code_and_catches_a_lenient_verifier(task):
+  from evotrainer.evolution.eval_check import task_eval_check
+  ok, why = task_eval_check(task, probes=6, train_draws=300)()
+  assert ok, why
+  cases = task.probe_completions(task.heldout_problems(2))
+  assert [ok for _, _, ok in cases] == [True, False, True, False]
+
+  class Lenient(CodeTask):  # pays every program that compiles
+    def score_many(self, problems, completions):
+      return [{**s, "correct": s["compiles"]} for s in super().score_many(problems, completions)]
+
+  with Lenient(num_validation=6, num_test=6) as lenient:
+    ok, why = task_eval_check(lenient, probes=4, train_draws=100)()
+  assert not ok and "accepts known-wrong answers on 4 of 4" in why
