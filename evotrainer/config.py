@@ -53,6 +53,7 @@ def register_builtins() -> None:
   import evotrainer.run  # noqa: F401
   import evotrainer.sampling.sampler  # noqa: F401
   import evotrainer.sharding.mesh  # noqa: F401
+  import evotrainer.tasks.code  # noqa: F401
   import evotrainer.tasks.math  # noqa: F401
   import evotrainer.tokenizers  # noqa: F401
   import evotrainer.train  # noqa: F401

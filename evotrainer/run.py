@@ -65,7 +65,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            skills_dir: str | None = None, human_gated: bool = False,
            branch_timeout_s: float = 1800, resume_from: str | None = None,
            backtest: bool = True, control: bool = True, mode: str = "evolve",
-           task=None) -> dict:
+           task=None, domain: str = "math", validators: list | None = None) -> dict:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
   Args:
@@ -92,6 +92,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
     mode: 'evolve', or 'sweep' (run.mode).
     task: the run's task (`run.task`, passed by `run`): its verifier and splits are
       checked before anything trains and on every escalation (eval_check.py).
+    domain: the domain skill outcomes are recorded under ('math', 'code').
+    validators: the promotion gates (None: `harness_evolution.DEFAULT_VALIDATORS`).
   """
   from evotrainer import config as config_lib
   from evotrainer.evolution.controller import Controller, no_eval_check
@@ -124,7 +126,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
              if s] + [SEED_DIR]
   skills = SkillLibrary.seeded(pathlib.Path(workdir) / "skills", sources=sources)
   with Ledger(pathlib.Path(workdir) / "ledger.sqlite") as ledger:
-    controller = Controller(ledger, trainer, space, skills, workdir=workdir, domain="math",
+    controller = Controller(ledger, trainer, space, skills, workdir=workdir, domain=domain,
+                            validators=validators,
                             branches=branches, generations=generations, seed=seed,
                             values=space.current_values(), proposer=proposer,
                             human_gated=human_gated, progress=True,
@@ -359,13 +362,15 @@ def _write_json(path: pathlib.Path, data: dict) -> None:
 
 
 def _exploit_recovery(task, tok, num_problems: int = 64) -> dict:
-  """What this branch's reward pays each exploit family (harness/probes.py):
-  `exploit_recovery/<family>`, and `exploit_recovery`, the worst (NaN when the reward
-  does not separate right from wrong), judged by the `exploit_probe` validator."""
+  """What this branch's reward pays each exploit family (harness/probes.py; a task with
+  `exploit_completions` brings its own, code's lying program): `exploit_recovery/<family>`,
+  and `exploit_recovery`, the worst (NaN when the reward does not separate right from
+  wrong), judged by the `exploit_probe` validator."""
   from evotrainer.harness.pipeline import Harness
   from evotrainer.harness.probes import exploit_recoveries
   each = exploit_recoveries(task.heldout_problems(num_problems), task.score_many,
-                            Harness().composer, tok.encode)
+                            Harness().composer, tok.encode,
+                            completions=getattr(task, "exploit_completions", None))
   finite = [v for v in each.values() if not math.isnan(v)]
   return {"exploit_recovery": max(finite) if finite else math.nan,
           **{f"exploit_recovery/{k}": v for k, v in each.items()}}

@@ -76,9 +76,20 @@ class Generation:
           reward_parts=dict(self.scores[i]), version=version, step=step, split=split,
           completion_ids=self.tokens[i, :n].copy(), logprobs=self.logprobs[i, :n].copy(),
           truncated=bool(self.truncated[i]),
-          info={"stop": "malformed" if self.scores[i].get("malformed") else  # refused unread
-                "max_tokens" if self.truncated[i] else "stop_token"}))
+          info={"stop": stop_reason(self.scores[i], bool(self.truncated[i]))}))
     return out
+
+
+def stop_reason(score: dict, truncated: bool) -> str:
+  """Why a completion ended: 'malformed' (refused unread), else the task's own verdict
+  when it reports one as a one-hot `stop_<reason>` part (code: 'syntax_error',
+  'timeout', ...), else 'max_tokens' or 'stop_token'."""
+  if score.get("malformed"):
+    return "malformed"
+  for key, value in score.items():
+    if key.startswith("stop_") and value:
+      return key[len("stop_"):]
+  return "max_tokens" if truncated else "stop_token"
 
 
 def merge(gens: Sequence[Generation]) -> Generation:

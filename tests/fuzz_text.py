@@ -38,7 +38,9 @@ FRAGMENTS = (
     "<answer>", "</answer>", "<ANSWER>", "\\boxed{", "\\boxed ", "\\fbox{", "{", "}", "(",
     ")", "[", "]", "####", "\\frac{", "^", "$", ",", ".", "-", "/", "\n", " ", "\t", "\x00",
     "\x1b", "\x7f", "\ud800", "\udfff", "\u2028", "\ufeff", "0", "7", "19", "1,000",
-    "-0.5", "3/4", "٣", "𝟕", "x^2+1", "\\sqrt{2}", "e", "&lt;", "<script>", "\"", "'")
+    "-0.5", "3/4", "٣", "𝟕", "x^2+1", "\\sqrt{2}", "e", "&lt;", "<script>", "\"", "'",
+    # code blocks (tasks/code.py)
+    "```", "```python\n", "```py\n", "```\n", "def f(x):\n", "    return x\n", "if x == 1:")
 
 _chars = st.characters(codec=None)  # any code point, surrogates included
 _fragment = st.one_of(st.sampled_from(FRAGMENTS), st.text(_chars, max_size=8),

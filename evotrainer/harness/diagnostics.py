@@ -14,6 +14,8 @@ Layers and the library names (`DIAGNOSTICS`):
   model       entropy, kl, clip_fraction, grad_norm, training_drift (stability.py: drift
               toward collapse over a training segment's series)
   efficiency  length, truncation, turns, stop_reasons
+  code        syntax_error_rate, timeout_rate (efficiency), pass_fraction_spread (signal),
+              hardcoded_outputs (behaviour): diagnostics_code.py, over CodeTask's parts
 
 `context` keys read (all optional; a diagnostic whose input is missing reports nothing):
   'heldout':    {name: value} held-out figures, e.g. {'avg8': .4, 'pass8': .7, 'greedy': .5}.
@@ -51,6 +53,8 @@ from evotrainer.harness.diagnostics_behaviour import (AnswerSpammingRate, Domain
                                                       FormatFailureRate,
                                                       LengthRewardCorrelation,
                                                       RepetitionRate)
+from evotrainer.harness.diagnostics_code import (HardcodedOutputs, PassFractionSpread,
+                                                 SyntaxErrorRate, TimeoutRate)
 from evotrainer.harness.diagnostics_model import (ClipFraction, EntropyCollapse,
                                                   GradNormSpike, KLDrift,
                                                   LengthPercentiles, StopReasons,
@@ -74,7 +78,8 @@ for _cls in (CorrectnessRate, RewardMean, ScoreTrend, DeadGroupRatio, RewardSpre
              AdvantageHealth, LengthRewardCorrelation, FormatFailureRate,
              AnswerSpammingRate, RepetitionRate, EntropyCollapse, KLDrift, ClipFraction,
              GradNormSpike, LengthPercentiles, TruncationRate, TurnCount, StopReasons,
-             TrainingDrift):
+             TrainingDrift, SyntaxErrorRate, TimeoutRate, PassFractionSpread,
+             HardcodedOutputs):
   register(_cls)
 DIAGNOSTICS["domain"] = DomainDiagnostic  # needs `fn`; not in `default_diagnostics`
 
@@ -119,6 +124,7 @@ def run_diagnostics(diags: Sequence, episodes: Sequence[Episode],
 
 __all__ = ["DIAGNOSTICS", "DIRECTIONS", "AdvantageHealth", "AnswerSpammingRate",
            "ClipFraction", "CorrectnessRate", "DeadGroupRatio", "DomainDiagnostic",
+           "HardcodedOutputs", "PassFractionSpread", "SyntaxErrorRate", "TimeoutRate",
            "EntropyCollapse", "FormatFailureRate", "GradNormSpike", "KLDrift",
            "LengthPercentiles", "LengthRewardCorrelation", "RepetitionRate", "RewardMean",
            "RewardSpread", "ScoreTrend", "StopReasons", "TruncationRate", "TurnCount",

@@ -2,9 +2,10 @@
 known exploit recovers under a harness's reward composer.
 
 A probe builds, for each problem, three completions — the gold answer, one wrong answer,
-and the exploit (e.g. many marked answers with the gold among them and a wrong one last,
-so the verifier refuses it) — scores them with the task's reward parts and the composer,
-and reports
+and the exploit (math: many marked answers with the gold among them and a wrong one last,
+so the verifier refuses it; code: a program that prints "all tests passed" and exits 0
+before any test runs, `CodeTask.exploit_completions`) — scores them with the task's reward
+parts and the composer, and reports
 
   recovery = mean(R(exploit) - R(wrong)) / mean(R(right) - R(wrong))
 
@@ -25,7 +26,7 @@ judges the worst, so a gameable reward is refused before a policy has learned to
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -63,9 +64,19 @@ def padding(gold: str) -> str:
 EXPLOITS = {"number_spam": number_spam, "gold_in_steps": gold_in_steps, "padding": padding}
 
 
+def math_probe(exploit: str = "number_spam") -> Callable:
+  """problem -> {'right', 'wrong', 'exploit'} completions of a math problem."""
+  if exploit not in EXPLOITS:
+    raise ValueError(f"exploit={exploit!r}; expected one of {sorted(EXPLOITS)}")
+  make = EXPLOITS[exploit]
+  return lambda p: {"right": answer_tag(p.answer), "wrong": answer_tag(_wrong(p.answer)),
+                    "exploit": make(p.answer)}
+
+
 def exploit_recovery(problems: Sequence, score_many: Callable, composer: Callable,
                      encode: Callable[[str], Sequence[int]],
-                     exploit: str = "number_spam") -> float:
+                     exploit: str = "number_spam",
+                     completions: Optional[Callable] = None) -> float:
   """The share of the right-minus-wrong reward margin the exploit recovers (NaN when the
   reward does not separate right from wrong answers at all).
 
@@ -74,16 +85,15 @@ def exploit_recovery(problems: Sequence, score_many: Callable, composer: Callabl
     score_many: `(problems, completions) -> [reward parts]` (the task's scorer).
     composer: the harness's RewardComposer.
     encode: text -> token ids (length-based parts need completion tokens).
-    exploit: a name in `EXPLOITS`.
+    exploit: a name in `EXPLOITS` (math).
+    completions: problem -> {'right', 'wrong', 'exploit'} texts: a domain's own probe
+      (code: `CodeTask.exploit_completions`, a lying program); None: `math_probe(exploit)`.
   """
-  if exploit not in EXPLOITS:
-    raise ValueError(f"exploit={exploit!r}; expected one of {sorted(EXPLOITS)}")
-  make = EXPLOITS[exploit]
-  kinds = {"right": lambda p: answer_tag(p.answer),
-           "wrong": lambda p: answer_tag(_wrong(p.answer)), "exploit": lambda p: make(p.answer)}
+  build = completions or math_probe(exploit)
+  built = [build(p) for p in problems]
   rewards = {}
-  for kind, build in kinds.items():
-    texts = [build(p) for p in problems]
+  for kind in ("right", "wrong", "exploit"):
+    texts = [b[kind] for b in built]
     parts = score_many(list(problems), texts)
     eps = [Episode(episode_id=f"probe/{kind}/{i}", group_id=i, task_id=str(p.id),
                    prompt="", completion=t, answer=p.answer, reward_parts=dict(rp),
@@ -97,11 +107,16 @@ def exploit_recovery(problems: Sequence, score_many: Callable, composer: Callabl
 
 
 def exploit_recoveries(problems: Sequence, score_many: Callable, composer: Callable,
-                       encode: Callable[[str], Sequence[int]]) -> dict:
-  """{family: `exploit_recovery`} for every family of `EXPLOITS`."""
+                       encode: Callable[[str], Sequence[int]],
+                       completions: Optional[Callable] = None) -> dict:
+  """{family: `exploit_recovery`} for every family of `EXPLOITS`; with a domain's own
+  `completions` (code: `CodeTask.exploit_completions`), its one family 'lying_program'."""
+  if completions is not None:
+    return {"lying_program": exploit_recovery(problems, score_many, composer, encode,
+                                              completions=completions)}
   return {name: exploit_recovery(problems, score_many, composer, encode, name)
           for name in EXPLOITS}
 
 
 __all__ = ["EXPLOITS", "exploit_recoveries", "exploit_recovery", "gold_in_steps",
-           "number_spam", "padding"]
+           "math_probe", "number_spam", "padding"]

@@ -9,4 +9,7 @@ A task turns problems into prompts and scores completions into reward parts:
   math.py    `MathTask`: procedural problems (reasoning-gym generators, a tiny built-in
              arithmetic generator for CPU-sized models) and local GSM8K / MATH JSONL,
              split into disjoint train / held-out sets.
+  code.py    `CodeTask`: the policy writes programs, run against hidden tests in the
+             sandbox (code_exec.py: the in-cell driver and verdicts); problems from
+             templates, users' JSONL and HumanEval (code_problems.py).
 """

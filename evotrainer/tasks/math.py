@@ -30,19 +30,19 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
-import logging
 import operator
 import pathlib
 import random
 import re
 from fractions import Fraction
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 import gin
 
-from evotrainer.tasks.base import (HELDOUT_SPLITS, DataError, Problem, check_disjoint,
-                                   check_fractions, normalize_prompt, split_of)
+from evotrainer.tasks.base import (HELDOUT_KEYS, MAX_ROW_CHARS, BadRow, DataError,
+                                   JsonlFile, JsonlSource, ProceduralSource, Problem,
+                                   check_disjoint, check_fractions, check_task_args,
+                                   heldout_set, json_object, read_jsonl, train_draws)
 from evotrainer.tasks.verify import (METHODS, VerifierPool, answer_tag, boxed_contents,
                                      count_candidates, extract_answer, fast_verdict,
                                      numbers_in, parse_number, too_long)
@@ -50,15 +50,8 @@ from evotrainer.tasks.verify import (METHODS, VerifierPool, answer_tag, boxed_co
 __all__ = ["MathTask", "check_disjoint", "load_jsonl", "JsonlFile", "procedural_problem",
            "PROCEDURAL_SOURCES", "HELDOUT_KEYS", "DEFAULT_TEMPLATE"]
 
-log = logging.getLogger(__name__)
 
 DEFAULT_TEMPLATE = "{question}\nGive the final answer inside <answer></answer> tags."
-# Validation and test problems come from procedural keys [0, HELDOUT_KEYS) (those whose
-# prompt hashes to their split); training keys are drawn above.
-HELDOUT_KEYS = 1_000_000
-_MAX_KEY = 2**31 - 1
-_HELDOUT_SEED = 20240601  # slot → source assignment of the held-out set; never the run seed
-_MAX_REDRAWS = 1000  # consecutive unusable draws before a source is declared too small
 
 # difficulty → reasoning-gym config knobs. Level 1 is one-step problems with small
 # numbers; level 3 is near each generator's defaults.
@@ -204,55 +197,29 @@ def procedural_problem(name: str, difficulty: int, key: int) -> Optional[Problem
                  {"key": key, **extra})
 
 
-class _ProceduralSource:
-  """Keys [0, HELDOUT_KEYS) in order for held-out; random keys above for training."""
-
-  def __init__(self, name: str, difficulty: int, fractions: tuple[float, float]):
-    self.name, self.difficulty, self.fractions = name, difficulty, fractions
-
-  def heldout_iter(self, split: str) -> Iterator[Problem]:
-    """The problems of keys [0, HELDOUT_KEYS) whose prompt hashes to `split`, in order."""
-    for key in range(HELDOUT_KEYS):
-      p = procedural_problem(self.name, self.difficulty, key)
-      if p is not None and split_of(p.prompt, *self.fractions) == split:
-        yield p
-
-  def sample_train(self, rng: random.Random) -> Optional[Problem]:
-    return procedural_problem(self.name, self.difficulty,
-                              rng.randrange(HELDOUT_KEYS, _MAX_KEY))
-
 
 # ------------------------------------------------------------------ JSONL files
 
 
-class _BadRow(Exception):
-  pass
-
-
 def _parse_row(line: str, path: pathlib.Path, lineno: int) -> Problem:
-  """One JSONL row in GSM8K or MATH form → Problem; raises _BadRow saying what is wrong."""
-  try:
-    row = json.loads(line)
-  except json.JSONDecodeError as e:
-    raise _BadRow(f"not valid JSON ({e.msg} at column {e.colno})") from None
-  if not isinstance(row, dict):
-    raise _BadRow(f"expected a JSON object, got {type(row).__name__}")
+  """One JSONL row in GSM8K or MATH form → Problem; raises BadRow saying what is wrong."""
+  row = json_object(line)
 
   def text(field: str) -> str:
     value = row.get(field)
     if not isinstance(value, str) or not value.strip():
-      raise _BadRow(f"field {field!r} must be a non-empty string, got {value!r:.60}")
+      raise BadRow(f"field {field!r} must be a non-empty string, got {value!r:.60}")
     return value.strip()
 
   pid, meta = f"{path.name}:{lineno}", {"file": str(path), "line": lineno}
   if "question" in row:  # GSM8K: answer = worked solution ending in "#### N"
     question, full = text("question"), text("answer")
     if "####" not in full:
-      raise _BadRow("GSM8K row: 'answer' must end with '#### <final answer>'")
+      raise BadRow("GSM8K row: 'answer' must end with '#### <final answer>'")
     steps, _, gold = full.rpartition("####")
     gold = gold.strip()
     if not gold:
-      raise _BadRow("GSM8K row: nothing after '####' in 'answer'")
+      raise BadRow("GSM8K row: nothing after '####' in 'answer'")
     if parse_number(gold) is not None:
       gold = gold.replace(",", "")
     steps = re.sub(r"<<[^>]*>>", "", steps).strip()  # calculator annotations
@@ -266,7 +233,7 @@ def _parse_row(line: str, path: pathlib.Path, lineno: int) -> Problem:
     else:
       boxes = boxed_contents(steps)
       if not boxes or not boxes[-1].strip():
-        raise _BadRow("MATH row: no \\boxed{...} answer in 'solution' and no 'answer' field")
+        raise BadRow("MATH row: no \\boxed{...} answer in 'solution' and no 'answer' field")
       gold = boxes[-1].strip()
     level = re.search(r"\d+", str(row.get("level", "")))
     solution = f"{steps.strip()}\n{answer_tag(gold)}" if steps.strip() else answer_tag(gold)
@@ -274,105 +241,17 @@ def _parse_row(line: str, path: pathlib.Path, lineno: int) -> Problem:
       meta["type"] = row["type"]
     return Problem(pid, question, gold, solution, "math", int(level.group()) if level else 0,
                    meta)
-  raise _BadRow(f"expected GSM8K fields ('question', 'answer') or MATH fields ('problem', "
+  raise BadRow(f"expected GSM8K fields ('question', 'answer') or MATH fields ('problem', "
                 f"'solution'); got keys {sorted(row)[:8]}")
-
-
-class JsonlFile:
-  """The usable problems of one JSONL file and the rows that were not.
-
-  Attributes:
-    path: the file.
-    problems: parsed problems, in file order.
-    bad_rows: `"file:line: what is wrong"` for every skipped row.
-  """
-
-  def __init__(self, path: pathlib.Path, problems: list[Problem], bad_rows: list[str]):
-    self.path, self.problems, self.bad_rows = path, problems, bad_rows
-
-
-# Rows longer than this are refused before parsing (a 40 MB line once led to a 143 GiB
-# allocation when tokenized and padded): `MathTask.max_row_chars`.
-MAX_ROW_CHARS = 100_000
 
 
 def load_jsonl(path: str | pathlib.Path, on_bad_row: str = "skip",
                max_row_chars: int = MAX_ROW_CHARS) -> JsonlFile:
-  """Reads a GSM8K- or MATH-form JSONL file (the form is detected per row).
-
-  Args:
-    path: the file. Blank lines are ignored.
-    on_bad_row: "skip" logs each malformed row as `file:line: reason` and counts it in
-      `bad_rows`; "error" raises DataError at the first one.
-    max_row_chars: a longer row is malformed (skipped or an error, as above).
-
-  Raises:
-    FileNotFoundError: no such file.
-    DataError: a malformed row under "error", or no usable row at all.
-  """
-  if on_bad_row not in ("skip", "error"):
-    raise ValueError(f"on_bad_row must be 'skip' or 'error', got {on_bad_row!r}")
-  path = pathlib.Path(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"math JSONL file not found: {path}")
-  problems, bad = [], []
-  with path.open(encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        if len(line) > max_row_chars:
-          raise _BadRow(f"row of {len(line)} characters, over MathTask.max_row_chars="
-                        f"{max_row_chars}")
-        problems.append(_parse_row(line, path, lineno))
-      except _BadRow as e:
-        where = f"{path}:{lineno}: {e}"
-        if on_bad_row == "error":
-          raise DataError(f"malformed row {where} (on_bad_row='error')") from None
-        log.warning("skipping malformed row %s", where)
-        bad.append(where)
-  if not problems:
-    raise DataError(f"{path}: no usable problems ({len(bad)} malformed row(s) skipped"
-                     f"{', first: ' + bad[0] if bad else '; the file is empty'})")
-  if bad:
-    log.warning("%s: skipped %d malformed row(s) of %d", path, len(bad),
-                len(bad) + len(problems))
-  return JsonlFile(path, problems, bad)
-
-
-class _JsonlSource:
-  """Problems from files, split by prompt hash; `test_files` rows are all test."""
-
-  name = "jsonl"
-
-  def __init__(self, files: Sequence[str], test_files: Sequence[str],
-               fractions: tuple[float, float], on_bad_row: str,
-               max_row_chars: int = MAX_ROW_CHARS):
-    loaded = [load_jsonl(f, on_bad_row, max_row_chars) for f in files]
-    test_loaded = [load_jsonl(f, on_bad_row, max_row_chars) for f in test_files]
-    self.bad_rows = [b for f in loaded + test_loaded for b in f.bad_rows]
-    rows = [p for f in loaded for p in f.problems]
-    extra_test = [p for f in test_loaded for p in f.problems]
-    in_test_files = {normalize_prompt(p.prompt) for p in extra_test}
-    kept = [p for p in rows if normalize_prompt(p.prompt) not in in_test_files]
-    if len(kept) < len(rows):
-      log.info("jsonl: dropped %d row(s) whose prompt is in the test files",
-               len(rows) - len(kept))
-    side = [split_of(p.prompt, *fractions) for p in kept]
-    self.splits = {name: [p for p, s in zip(kept, side) if s == name]
-                   for name in ("train", "validation")}
-    self.splits["test"] = [p for p, s in zip(kept, side) if s == "test"] + extra_test
-    self.train = self.splits["train"]
-    if not self.train:
-      raise DataError(f"MathTask: no training problems left in {list(files)} after "
-                       f"setting aside {len(self.splits['validation'])} validation and "
-                       f"{len(self.splits['test'])} test problem(s)")
-
-  def heldout_iter(self, split: str) -> Iterator[Problem]:
-    return iter(self.splits[split])
-
-  def sample_train(self, rng: random.Random) -> Optional[Problem]:
-    return self.train[rng.randrange(len(self.train))]
+  """Reads a GSM8K- or MATH-form JSONL file (the form is detected per row); see
+  `base.read_jsonl` for `on_bad_row`, `max_row_chars` (`MathTask.max_row_chars`) and the
+  errors."""
+  return read_jsonl(path, _parse_row, on_bad_row, "math", max_row_chars=max_row_chars,
+                    who="MathTask")
 
 
 # ------------------------------------------------------------------ the task
@@ -447,24 +326,9 @@ class MathTask:
       if s != "jsonl" and s not in PROCEDURAL_SOURCES:
         raise ValueError(f"MathTask.sources: unknown source {s!r}; expected 'jsonl' or "
                          f"one of {PROCEDURAL_SOURCES}")
-    if ("jsonl" in sources) != bool(jsonl_files):
-      raise ValueError("MathTask: list 'jsonl' in MathTask.sources exactly when "
-                       "MathTask.jsonl_files is set")
-    if difficulty not in (1, 2, 3):
-      raise ValueError(f"MathTask.difficulty must be 1, 2 or 3, got {difficulty!r}")
-    weights = tuple(float(w) for w in (weights or [1.0] * len(sources)))
-    if len(weights) != len(sources) or min(weights) < 0 or sum(weights) <= 0:
-      raise ValueError(f"MathTask.weights={weights} must be {len(sources)} non-negative "
-                       f"numbers (one per source in {sources}) with a positive sum")
+    weights = check_task_args("MathTask", sources, jsonl_files, difficulty, weights,
+                              num_validation, num_test, prompt_template)
     check_fractions(validation_fraction, test_fraction, "MathTask")
-    for name, n in (("num_validation", num_validation), ("num_test", num_test)):
-      if not isinstance(n, int) or n < 1:
-        raise ValueError(f"MathTask.{name} must be a positive integer, got {n!r}")
-    try:
-      prompt_template.format(question="")
-    except (KeyError, IndexError, ValueError) as e:
-      raise ValueError(f"MathTask.prompt_template must be a str.format template whose "
-                       f"only field is {{question}}: {prompt_template!r} ({e!r})") from None
     for m in tuple(answer_methods) + tuple(format_methods):
       if m not in METHODS:
         raise ValueError(f"MathTask: unknown extraction method {m!r}; expected {METHODS}")
@@ -477,9 +341,11 @@ class MathTask:
     self.answer_methods = tuple(answer_methods)
     self.format_methods = tuple(format_methods)
     self._sources = [
-        _JsonlSource(jsonl_files, test_jsonl_files, self.fractions, on_bad_row,
-                     max_row_chars)
-        if s == "jsonl" else _ProceduralSource(s, difficulty, self.fractions) for s in sources]
+        JsonlSource(jsonl_files, test_jsonl_files, self.fractions, on_bad_row,
+                    functools.partial(load_jsonl, max_row_chars=max_row_chars), "MathTask")
+        if s == "jsonl" else
+        ProceduralSource(s, functools.partial(procedural_problem, s, difficulty), self.fractions)
+        for s in sources]
     self.bad_rows = [b for s in self._sources for b in getattr(s, "bad_rows", [])]
     self._heldout: dict[str, list[Problem]] = {}
     self._verifier = verifier
@@ -489,38 +355,10 @@ class MathTask:
   # ------------------------------------------------------------------ problems
 
   def _heldout_set(self, split: str) -> list[Problem]:
-    """The fixed list of a held-out split: slots assigned to sources by a fixed seed,
-    distinct prompts of that split only."""
-    if split not in HELDOUT_SPLITS:
-      raise ValueError(f"held-out split must be one of {HELDOUT_SPLITS}, got {split!r}")
+    """The fixed list of a held-out split (`base.heldout_set`), built once."""
     if split not in self._heldout:
-      size = self.sizes[split]
-      slots = random.Random(f"{_HELDOUT_SEED}:{split}").choices(
-          range(len(self._sources)), weights=self.weights, k=size)
-      iters = [s.heldout_iter(split) for s in self._sources]
-      live = [True] * len(iters)
-      out, seen = [], set()
-      for s in slots:
-        misses = 0
-        while live[s] and misses < _MAX_REDRAWS:
-          p = next(iters[s], None)
-          if p is None:
-            live[s] = False
-          elif normalize_prompt(p.prompt) in seen:
-            misses += 1
-          else:
-            seen.add(normalize_prompt(p.prompt))
-            out.append(p)
-            break
-        else:
-          live[s] = False
-      if len(out) < size:
-        # Expected for finite JSONL data; for a generator it means a tiny problem space.
-        ran_out = [s.name for s, ok in zip(self._sources, live) if not ok]
-        level = logging.INFO if ran_out == ["jsonl"] else logging.WARNING
-        log.log(level, "MathTask: %s set has %d problems, fewer than num_%s=%d (%s ran "
-                "out of distinct problems)", split, len(out), split, size, ran_out)
-      self._heldout[split] = out
+      self._heldout[split] = heldout_set(self._sources, self.weights, split,
+                                         self.sizes.get(split, 0), "MathTask")
     return self._heldout[split]
 
   def heldout_problems(self, n: Optional[int] = None,
@@ -531,7 +369,7 @@ class MathTask:
     if n is not None and n > len(held):
       asker = ("EvalConfig.num_problems" if split == "validation" else "EvalConfig.num_test")
       if len(held) < self.sizes[split]:  # the data ran out, not the configured size
-        jsonl = [s for s in self._sources if isinstance(s, _JsonlSource)]
+        jsonl = [s for s in self._sources if isinstance(s, JsonlSource)]
         rows = sum(len(s.splits[split]) for s in jsonl)
         why = (f"the data has only {len(held)} distinct {split} prompts" +
                (f" ({rows} of the JSONL rows fall in {split} at MathTask.{split}_fraction="
@@ -547,26 +385,12 @@ class MathTask:
   def data_problems(self) -> list[Problem]:
     """Every problem read from files (JSONL training and test rows), in file order; none
     for procedural sources. What the build-time checks (tasks/checks.py) read."""
-    return [p for s in self._sources if isinstance(s, _JsonlSource)
+    return [p for s in self._sources if isinstance(s, JsonlSource)
             for split in ("train", "validation", "test") for p in s.splits[split]]
 
   def train_problems(self, n: int, seed: int) -> list[Problem]:
     """`n` training problems drawn by `seed` (deterministic); none is validation or test."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-      (src,) = rng.choices(self._sources, weights=self.weights)
-      for _ in range(_MAX_REDRAWS):
-        p = src.sample_train(rng)
-        if p is not None and split_of(p.prompt, *self.fractions) == "train":
-          out.append(p)
-          break
-      else:
-        raise RuntimeError(
-            f"MathTask: {_MAX_REDRAWS} training draws in a row from source {src.name!r} "
-            f"were validation, test or invalid problems; its problem space is too small "
-            f"(raise difficulty or lower validation_fraction / test_fraction)")
-    return out
+    return train_draws(self._sources, self.weights, n, seed, self.fractions, "MathTask")
 
   def format_prompt(self, problem: Problem) -> str:
     """The question wrapped in `prompt_template`."""

@@ -186,7 +186,8 @@ def test_canary_accuracy_from_tagged_and_listed_episodes():
 def test_library_and_runner():
   assert set(vl.VALIDATORS) == {"proxy_true_disagreement", "strict_verifier_agreement",
                                 "length_gaming", "answer_spamming", "leak_detector",
-                                "canary_prompts", "exploit_probe", "training_stability"}
+                                "canary_prompts", "exploit_probe", "training_stability",
+                                "test_tampering"}
   validators = [cls() for cls in vl.VALIDATORS.values()]
   assert all(isinstance(v, Validator) for v in validators)
   verdicts = vl.run_validators(validators, evidence([ep(i) for i in range(4)]))

@@ -1,0 +1,89 @@
+"""The code domain's gin files: the hackable option is refused by the exploit probe, the
+search space and validators parse, and the launcher trains code end to end."""
+
+import json
+import os
+import subprocess
+import sys
+
+import gin
+import pytest
+
+from evotrainer import config as config_lib
+from evotrainer.harness.base import Evidence
+from evotrainer.harness.validators import ExploitProbe
+from evotrainer.run import _exploit_recovery
+from evotrainer.tasks.code import CodeTask
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _Tok:
+  encode = staticmethod(lambda text: [0] * len(text))
+
+
+@pytest.fixture
+def parsed():
+  def parse(files, bindings=()):
+    config_lib.parse(files, [*bindings, "CodeTask.num_validation = 8",
+                             "CodeTask.num_test = 8"], finalize=False)
+  yield parse
+  gin.clear_config()
+
+
+def _recovery(bindings, parsed) -> float:
+  parsed(["gin/code_hackable.gin"], bindings)
+  with CodeTask(num_validation=8, num_test=8) as task:
+    figures = _exploit_recovery(task, _Tok(), num_problems=8)
+  assert figures["exploit_recovery/lying_program"] == figures["exploit_recovery"]
+  return figures["exploit_recovery"]
+
+
+def test_the_hackable_reward_option_is_refused_by_the_exploit_probe(parsed):
+  # What a branch computes for its result (run._branch): its own composer's recovery.
+  gamed = _recovery(["RewardComposer.parts = {'correct': 1.0, 'self_report': 2.0}"], parsed)
+  honest = _recovery(["RewardComposer.parts = {'correct': 1.0, 'partial': 0.5}"], parsed)
+  assert gamed == pytest.approx(2 / 3) and honest == pytest.approx(0.0)
+  verdict = lambda r: ExploitProbe()(Evidence([], {}, {"exploit_recovery": r,
+                                                       "exploit_recovery/lying_program": r}))
+  assert not verdict(gamed).passed and verdict(honest).passed
+  assert "lying_program" in verdict(gamed).reason
+
+
+def test_code_gin_declares_the_space_the_domain_and_the_validators(parsed, tmp_path):
+  parsed(["gin/code_hackable.gin"])
+  knobs = gin.query_parameter("SearchSpace.knobs")
+  assert len(knobs) == 8
+  assert gin.query_parameter("evolve.domain") == "code"
+  assert gin.query_parameter("run.task").selector.endswith("CodeTask")
+  assert "TestTampering" in str(gin.query_parameter("evolve.validators"))
+
+
+@pytest.mark.slow
+def test_launch_code_train_end_to_end(tmp_path):
+  workdir = tmp_path / "run"
+  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  proc = subprocess.run(
+      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/code_train.gin",
+       "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
+       "--gin_bindings=run.warm_start = False",  # math's end-to-end test covers it
+       "--gin_bindings=SamplingParams.max_new_tokens = 24",
+       "--gin_bindings=EvalConfig.max_new_tokens = 24",
+       "--gin_bindings=CodeTask.num_validation = 8", "--gin_bindings=CodeTask.num_test = 8",
+       f"--gin_bindings=make_tokenizer.cache_dir = '{tmp_path}/tok'",
+       f"--gin_bindings=warm_start.cache_dir = '{tmp_path}/ws'"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["mode"] == "train" and summary["steps"] == 2
+  for phase in ("initial", "final"):
+    assert 0.0 <= summary[phase]["avg2"] <= summary[phase]["pass2"] <= 1.0
+    assert set(summary["test"][phase]) >= {"avg2", "pass2", "greedy", "format"}
+  assert "CodeTask.difficulty = 1" in (workdir / "operative_config.gin").read_text()
+  # Every training completion ran in the sandbox and got a code stop reason.
+  metrics = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  stops = {k for m in metrics for k in m if k.startswith("diag/stop_")}
+  assert stops and stops <= {f"diag/stop_{s}" for s in (
+      "passed", "wrong_answer", "runtime_error", "timeout", "syntax_error", "no_code",
+      "malformed")}
+  assert any("diag/syntax_error_rate" in m for m in metrics)
