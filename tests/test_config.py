@@ -1,5 +1,6 @@
 """Config values of the wrong type are named at parse time, before anything is built."""
 
+import gin
 import pytest
 
 from evotrainer import config
@@ -16,7 +17,11 @@ def test_wrong_value_types_are_config_errors(binding, message):
     config.parse(["gin/math_train.gin", "gin/tiny.gin"], [binding])
 
 
-@pytest.mark.parametrize("binding", ["SamplingParams.temperature = 1", "run.warm_start = 0",
-                                     "train.time_limit_s = 30.5", "Learner.total_steps = 7"])
-def test_compatible_values_pass(binding):
+@pytest.mark.parametrize("binding,value", [("SamplingParams.temperature = 1", 1),
+                                           ("run.warm_start = 0", 0),
+                                           ("train.time_limit_s = 30.5", 30.5),
+                                           ("Learner.total_steps = 7", 7)])
+def test_compatible_values_pass(binding, value):
   config.parse(["gin/math_train.gin", "gin/tiny.gin"], [binding])
+  # Accepted, and bound as written (an int where a float default is, 0 for a bool).
+  assert gin.query_parameter(binding.split(" = ")[0]) == value
