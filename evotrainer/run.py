@@ -313,6 +313,28 @@ def test_evaluation(rollout, params, task, eval_config=None) -> tuple[dict, dict
   return figures, _per_problem(episodes)
 
 
+def canary_evaluation(rollout, params, task, eval_config=None) -> tuple[dict, dict]:
+  """Greedy accuracy on the task's canaries (`canary_problems`, known answers shipped as
+  data: tasks/canaries.py), each checked by the task's strict verifier against the
+  file's answer, never by the reward: ({'canary_accuracy', 'canary_n'}, {canary id: 0/1});
+  ({}, {}) for a task without canaries."""
+  from evotrainer.sampling import SamplingParams
+  from evotrainer.train import EvalConfig
+  canaries = getattr(task, "canary_problems", list)()
+  if not canaries:
+    return {}, {}
+  cfg = eval_config or EvalConfig()
+  sp = SamplingParams(max_new_tokens=cfg.max_new_tokens, greedy=True)
+  correct = {}
+  for i in range(0, len(canaries), cfg.batch_rows):
+    chunk = canaries[i:i + cfg.batch_rows]
+    gen = rollout(params, chunk, 1, cfg.key(), sp, pad_rows_to=cfg.batch_rows)
+    for p, text in zip(chunk, gen.texts):
+      correct[p.id] = float(task.strict_verify(p.answer, text))
+  return ({"canary_accuracy": sum(correct.values()) / len(correct),
+           "canary_n": float(len(correct))}, correct)
+
+
 def _per_problem(episodes) -> dict:
   """{task_id: mean correctness over its samples}: what a paired comparison reads."""
   out: dict = {}
@@ -347,6 +369,9 @@ def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
   result = _branch_result(workdir, cfg["version"], out, str(model_dir),
                           RolloutStore(pathlib.Path(workdir) / "rollouts"))
   result["final"].update(_exploit_recovery(task, tok))
+  canary_figures, result["canary"] = canary_evaluation(out["rollout"], out["state"].params,
+                                                       task)
+  result["final"].update(canary_figures)
   figures, per_problem = test_evaluation(out["rollout"], out["state"].params, task)
   if figures:  # beside the result, never in it: the controller reads branch_result.json
     _write_json(pathlib.Path(workdir) / "test_eval.json",

@@ -158,6 +158,12 @@ def test_evolve_mode_end_to_end(tmp_path):
   assert {k: len(v) for k, v in branch["series"].items()} == {
       k: 2 for k in ("correct", "reward", "entropy", "length", "truncated", "clip_frac")}
   assert all(v is not None for v in branch["series"]["entropy"])
+  # Every version is scored greedily on the 128 shipped canaries, and the canary gate
+  # judged the branch against its parent (paired per canary).
+  assert branch["final"]["canary_n"] == 128 and len(branch["canary"]) == 128
+  assert branch["final"]["canary_accuracy"] == pytest.approx(
+      sum(branch["canary"].values()) / 128)
+  assert versions["v1.0"]["validators"]["canary_prompts"] in ("pass", "fail")
   log = (workdir / "versions" / "v1.0" / "branch.log").read_text()
   assert "starting from the parent's state" in log
   # The main job's path at a new user's default device count (XLA_FLAGS cleared: no fake

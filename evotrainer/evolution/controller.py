@@ -309,8 +309,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     if r is None:
       return Evidence(episodes=[], series={}, heldout={}, parent=parent)
     return Evidence(episodes=self._episodes(vid, r), series=dict(r.series),
-                    heldout={**r.final, "avg8": _avg8(r)}, parent=parent,
-                    strict_verify=self.strict_verify)
+                    heldout={**r.final, "avg8": _avg8(r), "canary_correct": r.canary},
+                    parent=parent, strict_verify=self.strict_verify)
 
   # ---------------------------------------------------------------- plan
 

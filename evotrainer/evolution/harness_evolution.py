@@ -24,7 +24,7 @@ from evotrainer.evolution.ledger import GOOD, ROOT
 DEFAULT_DIAGNOSTICS = ("bc", "reward", "score_trend", "dead_group_ratio", "entropy",
                        "truncation", "training_drift")
 DEFAULT_VALIDATORS = ("proxy_true_disagreement", "exploit_probe", "strict_verifier_agreement",
-                      "training_stability")
+                      "training_stability", "canary_prompts")
 
 
 def _config(obj: Any) -> dict:

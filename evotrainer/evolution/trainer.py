@@ -36,6 +36,7 @@ class BranchResult:
   rollouts: str  # RolloutStore root holding the branch's episodes
   steps: int = 0
   workdir: str = ""
+  canary: dict = dataclasses.field(default_factory=dict)  # {canary id: 0/1}, greedy
 
   @classmethod
   def from_json(cls, data: dict, workdir: str = "") -> "BranchResult":

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import logging
 import operator
 import pathlib
 import random
@@ -42,10 +43,14 @@ import gin
 from evotrainer.tasks.base import (HELDOUT_KEYS, MAX_ROW_CHARS, BadRow, DataError,
                                    JsonlFile, JsonlSource, ProceduralSource, Problem,
                                    check_disjoint, check_fractions, check_task_args,
-                                   heldout_set, json_object, read_jsonl, train_draws)
+                                   heldout_set, json_object, read_jsonl, split_of,
+                                   train_draws)
+from evotrainer.tasks.canaries import default_canary_file, load_canaries
 from evotrainer.tasks.verify import (METHODS, VerifierPool, answer_tag, boxed_contents,
                                      count_candidates, extract_answer, fast_verdict,
                                      numbers_in, parse_number, too_long)
+
+log = logging.getLogger(__name__)
 
 __all__ = ["MathTask", "check_disjoint", "load_jsonl", "JsonlFile", "procedural_problem",
            "PROCEDURAL_SOURCES", "HELDOUT_KEYS", "DEFAULT_TEMPLATE"]
@@ -305,6 +310,10 @@ class MathTask:
     verifier: a `VerifierPool` to share; by default one is created on first need.
     verify_workers, verify_timeout_s: for the pool created here.
     max_row_chars: a JSONL row longer than this is malformed (`on_bad_row` applies).
+    canary_file: canary prompts with known answers (`tasks/canaries.py`: JSONL of
+      `{"prompt", "answer"}`), scored on every version for the `canary_prompts`
+      validator. 'default': the shipped set for `tiny_arithmetic` at this difficulty
+      (none for other sources); None or '': no canaries.
   """
 
   def __init__(self, sources: Optional[Sequence[str]] = None,
@@ -316,7 +325,8 @@ class MathTask:
                answer_methods: Sequence[str] = METHODS,
                format_methods: Sequence[str] = ("answer_tag",),
                verifier: Optional[VerifierPool] = None, verify_workers: int = 1,
-               verify_timeout_s: float = 5.0, max_row_chars: int = MAX_ROW_CHARS):
+               verify_timeout_s: float = 5.0, max_row_chars: int = MAX_ROW_CHARS,
+               canary_file: Optional[str] = "default"):
     if sources is None:
       sources = ("jsonl",) if jsonl_files else ("tiny_arithmetic",)
     sources = tuple(sources)
@@ -351,6 +361,9 @@ class MathTask:
     self._verifier = verifier
     self._owns_verifier = verifier is None
     self._verify_workers, self._verify_timeout_s = verify_workers, verify_timeout_s
+    self.canary_file = (default_canary_file(sources, difficulty) if canary_file == "default"
+                        else canary_file or None)
+    self._canaries: Optional[list[Problem]] = None
 
   # ------------------------------------------------------------------ problems
 
@@ -387,6 +400,19 @@ class MathTask:
     for procedural sources. What the build-time checks (tasks/checks.py) read."""
     return [p for s in self._sources if isinstance(s, JsonlSource)
             for split in ("train", "validation", "test") for p in s.splits[split]]
+
+  def canary_problems(self) -> list[Problem]:
+    """The canaries of `canary_file` (none without one), those whose prompt falls in the
+    train split under this task's fractions dropped (logged): a canary is never trained
+    on."""
+    if self._canaries is None:
+      rows = load_canaries(self.canary_file) if self.canary_file else []
+      self._canaries = [p for p in rows if split_of(p.prompt, *self.fractions) != "train"]
+      if len(self._canaries) < len(rows):
+        log.warning("MathTask: %d of %d canaries of %s fall in the train split at these "
+                    "fractions; dropped", len(rows) - len(self._canaries), len(rows),
+                    self.canary_file)
+    return list(self._canaries)
 
   def train_problems(self, n: int, seed: int) -> list[Problem]:
     """`n` training problems drawn by `seed` (deterministic); none is validation or test."""

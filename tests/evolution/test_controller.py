@@ -175,12 +175,12 @@ def test_summary_json_fields(tmp_path):
                       "proxy_reward", "reason"}
   hack = next(v for v in s["versions"] if "hack" in v["intervention"])
   assert "proxy_true_disagreement" in hack["reason"] and hack["status"] == "rejected"
-  # Scripted results carry no exploit_recovery figure and there is no strict verifier:
-  # those validators could not judge.
+  # Scripted results carry no exploit_recovery or canary figure and there is no strict
+  # verifier: those validators could not judge.
   # Its 10-step series is long enough for the stability gate, and shows no drift.
   assert hack["validators"] == {"proxy_true_disagreement": "fail", "exploit_probe": "n/a",
                                 "strict_verifier_agreement": "n/a",
-                                "training_stability": "pass"}
+                                "training_stability": "pass", "canary_prompts": "n/a"}
   root = s["versions"][0]
   assert root["id"] == "v0" and root["parent"] is None and root["intervention"] == "(root)"
 

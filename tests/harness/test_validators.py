@@ -180,6 +180,54 @@ def test_canary_accuracy_from_tagged_and_listed_episodes():
   not_applicable(v(evidence([ep(2)])), v)  # no canary evidence at all
 
 
+def _canaries(results: str) -> dict:
+  """{canary id: 0/1} from a string of 0s and 1s."""
+  return {f"c{i}": float(ch) for i, ch in enumerate(results)}
+
+
+def _paired(child: str, parent: str) -> Evidence:
+  mean = lambda r: sum(map(int, r)) / len(r)
+  pev = evidence(heldout={"canary_accuracy": mean(parent), "canary_correct": _canaries(parent)})
+  ev = evidence(heldout={"canary_accuracy": mean(child), "canary_correct": _canaries(child)})
+  ev.parent = pev
+  return ev
+
+
+def test_sign_test_hand_values():
+  assert vl.sign_test(3, 1) == pytest.approx(5 / 16)  # P(X>=3), X ~ Bin(4, 1/2)
+  assert vl.sign_test(10, 0) == pytest.approx(1 / 1024)
+  assert vl.sign_test(0, 0) == 1.0 and vl.sign_test(0, 5) == 1.0
+
+
+def test_canary_fall_below_the_parent_beyond_noise_fails():
+  v = vl.CanaryPrompts()  # defaults: no floor, max_drop 0.05, alpha 0.01
+  parent = "1" * 60 + "0" * 68                                 # 128 canaries
+  child = "0" * 10 + "1" * 50 + "0" * 68                      # lost 10, gained 0
+  bad = v(_paired(child, parent))
+  check(bad, v, False)   # drop 10/128 = 0.078 > 0.05, p = 1/1024 < 0.01
+  assert "10 lost, 0 gained" in bad.reason and "p=0.00098" in bad.reason
+  # the same net fall with churn is noise: lost 16, gained 6: p = P(X>=16 | n=22) = 0.026
+  churn = "0" * 16 + "1" * 44 + "1" * 6 + "0" * 62
+  check(v(_paired(churn, parent)), v, True)
+  # a fall beyond noise but within max_drop passes: lost 6 of 128 (0.047), p = 1/64
+  small = "0" * 6 + "1" * 54 + "0" * 68
+  check(vl.CanaryPrompts(alpha=0.05)(_paired(small, parent)), v, True)
+  # a child that gains passes; the floor still applies on its own
+  check(v(_paired(parent, child)), v, True)
+  check(vl.CanaryPrompts(min_accuracy=0.5)(_paired(parent, child)), v, False)
+
+
+def test_canary_fall_without_per_canary_results_counts_as_is():
+  v = vl.CanaryPrompts()
+  ev = evidence(heldout={"canary_accuracy": 0.40})
+  ev.parent = evidence(heldout={"canary_accuracy": 0.50})
+  verdict = v(ev)
+  check(verdict, v, False)
+  assert "unpaired" in verdict.reason
+  ev.parent = evidence(heldout={"canary_accuracy": 0.44})
+  check(v(ev), v, True)
+
+
 # ------------------------------------------------------------------ library and runner
 
 

@@ -1,0 +1,95 @@
+"""Canary prompts: a fixed set of questions with known answers, shipped as data.
+
+A canary's answer is written in its file, not produced by the task's generator or graded
+by the task's verifier, so a change of the reward, the verifier, the answer extraction or
+the data pipeline cannot move it: every version is scored on the canaries by greedy
+decoding and an exact check of the `<answer>` tag against the file's answer (the
+`canary_prompts` validator compares a child with its parent on them). Canary prompts are
+validation-split prompts (`base.split_of`), so no version ever trains on them.
+
+File schema (JSONL, one object a line): `{"prompt": "12+7=", "answer": "19"}`; both
+non-empty strings. A malformed row is an error naming file:line.
+
+Shipped sets (`data/canaries/`): `tiny_arithmetic_d{1,2,3}.jsonl`, 128 prompts each,
+written by `python -m evotrainer.tasks.canaries` from validation-split prompts beyond the
+first 500 validation problems (the main job's validation set), answers computed from the expression by `ast` (not by
+the generator).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import pathlib
+from typing import Optional, Sequence
+
+from evotrainer.tasks.base import BadRow, Problem, json_object, read_jsonl
+
+DATA = pathlib.Path(__file__).resolve().parent / "data" / "canaries"
+SIZE = 128
+SKIP_VALIDATION = 500  # shipped canaries lie beyond the first 500 validation prompts
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub}
+
+
+def arithmetic_value(expr: str) -> int:
+  """The value of an integer `a±b±c` expression, by walking its syntax tree."""
+  def walk(node):
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+      return _OPS[type(node.op)](walk(node.left), walk(node.right))
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+      return node.value
+    raise ValueError(f"not an integer +/- expression: {expr!r}")
+  return walk(ast.parse(expr, mode="eval").body)
+
+
+def _parse_row(line: str, path: pathlib.Path, lineno: int) -> Problem:
+  row = json_object(line)
+  for field in ("prompt", "answer"):
+    if not isinstance(row.get(field), str) or not row[field].strip():
+      raise BadRow(f"field {field!r} must be a non-empty string, got {row.get(field)!r:.60}")
+  return Problem(f"canary/{path.stem}/{lineno}", row["prompt"], row["answer"].strip(),
+                 row["answer"].strip(), "canary", 0, {"file": str(path), "line": lineno})
+
+
+def load_canaries(path: str | pathlib.Path) -> list[Problem]:
+  """The canaries of a JSONL file (schema above); a bad row raises DataError."""
+  return read_jsonl(path, _parse_row, "error", "canary").problems
+
+
+def default_canary_file(sources: Sequence[str], difficulty: int) -> Optional[pathlib.Path]:
+  """The shipped canary file for a task made of `sources` alone, else None."""
+  if tuple(sources) == ("tiny_arithmetic",):
+    path = DATA / f"tiny_arithmetic_d{difficulty}.jsonl"
+    return path if path.is_file() else None
+  return None
+
+
+def write_default_canaries() -> list[pathlib.Path]:
+  """Writes the shipped sets (see the module docstring); returns their paths."""
+  from evotrainer.tasks.base import split_of
+  from evotrainer.tasks.math import _tiny_arithmetic  # pylint: disable=protected-access
+  DATA.mkdir(parents=True, exist_ok=True)
+  out = []
+  for difficulty in (1, 2, 3):
+    seen, rows, skipped, key = set(), [], 0, 0
+    while len(rows) < SIZE:
+      question, _, expr = _tiny_arithmetic(key, difficulty)
+      key += 1
+      if question in seen or split_of(question, 0.1, 0.1) != "validation":
+        continue
+      seen.add(question)
+      if skipped < SKIP_VALIDATION:
+        skipped += 1
+        continue
+      rows.append({"prompt": question, "answer": str(arithmetic_value(expr))})
+    path = DATA / f"tiny_arithmetic_d{difficulty}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out.append(path)
+  return out
+
+
+if __name__ == "__main__":
+  for p in write_default_canaries():
+    print(p)
