@@ -137,6 +137,7 @@ def main(argv) -> None:
     config_lib.parse(FLAGS.gin_file, [*FLAGS.gin_bindings, *own], FLAGS.gin_search_paths)
   except config_lib.ConfigError as e:
     _fail("config", str(e))
+  config_lib.compilation_cache()
   workdir = FLAGS.workdir or os.path.join("runs", pathlib.Path(FLAGS.gin_file[-1]).stem)
   mode = _mode()
   _check_flags(mode, workdir)

@@ -47,6 +47,7 @@ RESUMABLE = frozenset({
     "evolve.human_gated", "evolve.resume_from", "sweep.file", "branch.parent",
     "MathTask.verify_workers", "MathTask.verify_timeout_s", "EvalConfig.batch_rows",
     "Learner.micro_batch_size", "warm_start.cache_dir", "make_tokenizer.cache_dir",
+    "compilation_cache.directory",
     "make_mesh.data", "make_mesh.fsdp", "make_mesh.tensor", "run.num_problems",
     "run.samples_per_problem", "train.progress_every", "policy.remat",
 })

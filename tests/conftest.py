@@ -5,6 +5,12 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the session, shared by every launcher subprocess
+# (the product's default is ~/.cache/evotrainer/jax: config.compilation_cache); tests
+# never write to the user's home.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import tempfile
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="evotrainer-jax-cache-")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

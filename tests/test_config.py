@@ -25,3 +25,20 @@ def test_compatible_values_pass(binding, value):
   config.parse(["gin/math_train.gin", "gin/tiny.gin"], [binding])
   # Accepted, and bound as written (an int where a float default is, 0 for a bool).
   assert gin.query_parameter(binding.split(" = ")[0]) == value
+
+
+def test_compilation_cache_knob(tmp_path, monkeypatch):
+  import jax
+  from evotrainer import config as config_lib
+  before = jax.config.jax_compilation_cache_dir
+  try:
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+    assert config_lib.compilation_cache(None) is None
+    assert jax.config.jax_compilation_cache_dir == before  # off: untouched
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert config_lib.compilation_cache() == str(tmp_path / ".cache" / "evotrainer" / "jax")
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / ".cache/evotrainer/jax")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "env"))  # env wins
+    assert config_lib.compilation_cache(str(tmp_path / "knob")) == str(tmp_path / "env")
+  finally:
+    jax.config.update("jax_compilation_cache_dir", before)
