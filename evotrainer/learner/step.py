@@ -18,6 +18,7 @@ gradient in every aggregation mode.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Any, Dict, NamedTuple, Optional, Tuple
 
@@ -33,7 +34,7 @@ from jaxtyping import Array, Float
 
 from evotrainer.learner import losses
 from evotrainer.learner.losses import LossHParams
-from evotrainer.model.transformer import Transformer, attention_mask
+from evotrainer.model.transformer import Transformer, attention_mask, head_logits
 from evotrainer.sharding.mesh import opt_state_shardings, shard_batch, state_shardings
 from evotrainer.sharding.rules import LEARNER_RULES, constrain, use_rules
 from evotrainer.types import TrainBatch
@@ -44,6 +45,7 @@ Metrics = Dict[str, Float[Array, ""]]
 def completion_logprobs(
     model: Transformer, batch: TrainBatch, *, vocab_limit: Optional[int] = None,
     with_entropy: bool = False, temperature: Optional[Float[Array, ""]] = None,
+    chunk: Optional[int] = None,
 ) -> Tuple[Float[Array, "B N"], Optional[Float[Array, "B N"]]]:
   """Log-probs (and entropies) of the completion tokens under `model`, teacher-forced.
 
@@ -66,6 +68,10 @@ def completion_logprobs(
     temperature: the sampling temperature T (a traced scalar; None = 1): the log-probs
       are those of softmax(logits / T), the distribution the sampler drew from, so the
       PPO ratio of the first on-policy update is exactly 1 at any temperature.
+    chunk: when set and below N, the LM head and the log-prob / entropy reductions run
+      over `chunk` completion slots at a time under `jax.checkpoint`, so neither pass
+      holds the `[B, N, V]` float32 logits: the forward keeps one `[B, chunk, V]` block
+      and the backward recomputes each block from the hidden states (same values).
 
   Returns:
     `logprobs` `[B, N]` float32 (0 after the end) and `entropy` `[B, N]` float32
@@ -87,7 +93,31 @@ def completion_logprobs(
   mask = attention_mask(valid, valid, slots, slots)  # [B, P + N, P + N]
   # The last layer runs its queries only on the N slots that predict completion tokens.
   hidden, _ = model(tokens, positions, mask, query_slice=(p - 1, p + n - 1))  # [B, N, E]
-  logits = model.logits(hidden)  # [B, N, V] float32
+  head = functools.partial(_head_logprobs, tied=model.config.tie_embeddings,
+                           vocab_limit=vocab_limit, with_entropy=with_entropy)
+  w = model.head_weight()
+  if chunk is None or chunk >= n:
+    logprobs, entropy = head(hidden, completion, w, temperature)
+  else:
+    k = -(-n // chunk)  # blocks; the last one padded
+    pad = k * chunk - n
+    blocks = lambda x: jnp.moveaxis(  # [B, N, ...] -> [k, B, chunk, ...]
+        jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)).reshape(
+            (b, k, chunk) + x.shape[2:]), 1, 0)
+    step = jax.checkpoint(lambda hc, tc: head(hc, tc, w, temperature))
+    logprobs, entropy = jax.lax.map(lambda a: step(*a), (blocks(hidden), blocks(completion)))
+    unblock = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, k * chunk)[:, :n]
+    logprobs = unblock(logprobs)
+    entropy = None if entropy is None else unblock(entropy)
+  if entropy is not None:
+    entropy = jnp.where(completion_valid, entropy, 0.0)
+  logprobs = jnp.where(completion_valid, logprobs, 0.0)
+  return logprobs, entropy
+
+
+def _head_logprobs(hidden, targets, w, temperature, *, tied, vocab_limit, with_entropy):
+  """LM head and the target's log-prob (and entropy) for hidden states `[B, C, E]`."""
+  logits = head_logits(hidden, w, tied)  # [B, C, V] float32
   if temperature is not None:
     # Scaled before the vocabulary mask: the mask value divided by T < 1 would be -inf.
     logits = logits / jnp.asarray(temperature, logits.dtype)
@@ -96,19 +126,14 @@ def completion_logprobs(
   if vocab_limit is not None and vocab_limit < v:
     # Same masking value as the sampler: finite, so 0 * it stays 0 (no NaN).
     logits = jnp.where(vocab < vocab_limit, logits, jnp.finfo(jnp.float32).min)
-  entropy = None
   if with_entropy:
     # One set of reductions and a one-pass backward for both (the train step's path).
-    logprobs, entropy = losses.token_logprobs_and_entropy(logits, completion)  # [B, N]
-    entropy = jnp.where(completion_valid, entropy, 0.0)
-  else:
-    logp_all = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, N, V]
-    # Select with a comparison rather than a gather: with the vocabulary split over the
-    # `tensor` axis this is a local select plus a sum, not an all-gather of the logits.
-    hit = vocab[None, None, :] == completion[:, :, None]  # [B, N, V]
-    logprobs = jnp.where(hit, logp_all, 0.0).sum(-1)  # [B, N]
-  logprobs = jnp.where(completion_valid, logprobs, 0.0)
-  return logprobs, entropy
+    return losses.token_logprobs_and_entropy(logits, targets)  # [B, C] each
+  logp_all = jax.nn.log_softmax(logits, axis=-1)  # [B, C, V]
+  # Select with a comparison rather than a gather: with the vocabulary split over the
+  # `tensor` axis this is a local select plus a sum, not an all-gather of the logits.
+  hit = vocab[None, None, :] == targets[:, :, None]  # [B, C, V]
+  return jnp.where(hit, logp_all, 0.0).sum(-1), None  # [B, C]
 
 
 @flax.struct.dataclass
@@ -224,6 +249,9 @@ class Learner:
     vocab_limit: ids >= this are masked out of the softmax (as in the sampler).
     norm_length: the constant `L` of seq-mean-token-sum-norm (default: N).
     compute_entropy: compute the per-token entropy (metric and entropy bonus).
+    logprob_chunk: completion slots per block of the LM head and log-prob reductions
+      (`completion_logprobs(chunk=...)`); None: one block. With a large vocabulary this
+      bounds the `[rows, slots, V]` float32 logits the step holds (bench/learner_memory.py).
     clip_low, clip_high, dual_clip_c, agg_mode, seq_level, kl_coef, kl_kind,
       entropy_coef: defaults of `hparams()`, see `losses.LossHParams.create`.
   """
@@ -246,6 +274,7 @@ class Learner:
       vocab_limit: Optional[int] = None,
       norm_length: Optional[int] = None,
       compute_entropy: bool = True,
+      logprob_chunk: Optional[int] = None,
       clip_low: float = 0.2,
       clip_high: float = 0.28,
       dual_clip_c: float = 0.0,
@@ -262,6 +291,8 @@ class Learner:
     if total_steps is not None and total_steps <= warmup_steps:
       raise ValueError(f"Learner.total_steps={total_steps} must exceed "
                        f"warmup_steps={warmup_steps} (or be None for a constant rate)")
+    if logprob_chunk is not None and logprob_chunk < 1:
+      raise ValueError(f"Learner.logprob_chunk must be >= 1 or None, got {logprob_chunk}")
     if micro_batch_size is not None and micro_batch_size < 1:
       raise ValueError(f"Learner.micro_batch_size must be >= 1 or None, got {micro_batch_size}")
     self.graphdef, params = nnx.split(model)
@@ -271,6 +302,7 @@ class Learner:
     self.mesh = mesh
     self.rules = LEARNER_RULES
     self.micro_batch_size = micro_batch_size
+    self.logprob_chunk = logprob_chunk
     self.vocab_limit = vocab_limit
     self.norm_length = norm_length
     self.compute_entropy = compute_entropy
@@ -414,7 +446,8 @@ class Learner:
       micro = jax.tree.map(lambda x: _split_micro(x, m), batch)
       logp = jax.lax.map(
           lambda mb: completion_logprobs(model, mb, vocab_limit=self.vocab_limit,
-                                         temperature=temperature)[0], micro)
+                                         temperature=temperature,
+                                         chunk=self.logprob_chunk)[0], micro)
       return _merge_micro(logp)  # [B, N]
 
   def _step(self, state: TrainState, batch: TrainBatch,
@@ -430,7 +463,8 @@ class Learner:
         model = nnx.merge(self.graphdef, params)
         logp, ent = completion_logprobs(model, mb, vocab_limit=self.vocab_limit,
                                         with_entropy=self.compute_entropy,
-                                        temperature=hparams.temperature)
+                                        temperature=hparams.temperature,
+                                        chunk=self.logprob_chunk)
         return losses.total_loss(
             logp, mb.old_logprobs, mb.advantages, mb.loss_mask, hparams.loss,
             ref_logprobs=mb.ref_logprobs, entropy=ent, norm_length=self.norm_length,

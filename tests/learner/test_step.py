@@ -2,6 +2,8 @@
 micro-batching vs the whole batch, no recompiles on knob changes, sharded vs one device,
 and a GRPO update that moves log-probs the way the advantages say."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -233,6 +235,53 @@ def test_micro_batched_step_equals_full_batch(learner, micro_learner, params,
   for k in m_full:
     assert abs(float(m_micro[k]) - float(m_full[k])) <= TOL * max(1.0, abs(float(m_full[k]))), k
   assert float(m_full["clip_frac_low"]) + float(m_full["clip_frac_high"]) > 0
+
+
+@pytest.mark.parametrize("chunk", [1, 4])  # 4 does not divide N = 6: a padded last block
+def test_chunked_logprobs_step_equals_one_block(model, learner, params, current_logprobs,
+                                                chunk):
+  chunked = Learner(model, logprob_chunk=chunk, **LINEAR_ADAM)
+  plain = Learner(model, **LINEAR_ADAM)
+  batch = train_batch(current_logprobs)
+  hp = dict(kl_coef=0.1, entropy_coef=0.01, temperature=0.8)
+  a, m_a = chunked.step(chunked.init_state(params), batch, chunked.hparams(**hp))
+  b, m_b = plain.step(plain.init_state(params), batch, plain.hparams(**hp))
+  assert max_abs_diff(a.params, b.params) <= TOL
+  assert max_abs_diff(b.params, params) > 1e-3  # the update is not vacuous
+  for k in m_b:
+    assert abs(float(m_a[k]) - float(m_b[k])) <= TOL * max(1.0, abs(float(m_b[k]))), k
+  np.testing.assert_allclose(chunked.reference_logprobs(params, batch, 0.8),
+                             plain.reference_logprobs(params, batch, 0.8), atol=TOL)
+  with pytest.raises(ValueError, match="logprob_chunk"):
+    Learner(model, logprob_chunk=0)
+
+
+def test_bf16_logits_and_attention_accumulate_in_float32():
+  """Under bf16 compute the LM head and attention scores are accumulated in float32:
+  the log-probs match a float64 numpy forward of the same bf16-rounded inputs to
+  float32-accumulation accuracy, not bf16's ~3 digits."""
+  from evotrainer.model.transformer import head_logits
+  rng = np.random.default_rng(0)
+  h = jnp.asarray(rng.normal(size=(2, 3, 256)), jnp.bfloat16)
+  w = jnp.asarray(rng.normal(size=(256, 512)) / 16, jnp.bfloat16)
+  got = np.asarray(head_logits(h, w, tied=False))
+  ref = np.asarray(h, np.float64) @ np.asarray(w, np.float64)
+  rounded = np.asarray((h @ w).astype(jnp.float32))  # a bf16 result, for contrast
+  assert np.max(np.abs(got - ref)) < 1e-4 < np.max(np.abs(rounded - ref))
+  got_tied = np.asarray(head_logits(h, w.T, tied=True))
+  assert np.max(np.abs(got_tied - ref)) < 1e-4
+  # attention: in a bf16 model's forward every q.k score dot ([B, KV, G, T, S]) and the
+  # LM head's dot produce float32 from bf16 operands
+  bf = Transformer(dataclasses.replace(tiny_config(), dtype="bfloat16"), rngs=nnx.Rngs(0))
+  x = jnp.asarray(rng.integers(1, V, (2, 5)), jnp.int32)  # T = 5 != head_dim
+  dots = [e for e in jax.make_jaxpr(bf.forward_logits)(x).eqns
+          if e.primitive.name == "dot_general"]
+  scores = [e for e in dots if e.outvars[0].aval.ndim == 5 and
+            e.outvars[0].aval.shape[-1] == e.outvars[0].aval.shape[-2]]
+  assert len(scores) == tiny_config().num_layers
+  for e in scores + [dots[-1]]:  # the last dot is the LM head
+    assert [v.aval.dtype for v in e.invars] == [jnp.bfloat16] * 2
+    assert e.outvars[0].aval.dtype == jnp.float32
 
 
 def test_knob_changes_do_not_recompile(learner, params, current_logprobs):
