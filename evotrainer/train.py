@@ -413,11 +413,15 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
     gens, episodes, out, rounds = [], [], None, 0
     ds = harness.dynamic_sampling
     want = prompts_per_step if ds is None else ds.groups_to_generate(prompts_per_step)
+    # Every round samples one batch shape (the first round's rows; a smaller round is
+    # padded, and the padding discarded), so dynamic sampling compiles one sampler program.
+    round_rows = want * group_size
     t_harness = 0.0
     while want > 0:
       problems = task.train_problems(want, seed=data_seed(seed, step) + 7_777_777 * rounds)
       gen = rollout(state.params, problems, group_size,
-                    jax.random.fold_in(jax.random.fold_in(base_key, step), rounds), sampling)
+                    jax.random.fold_in(jax.random.fold_in(base_key, step), rounds), sampling,
+                    pad_rows_to=round_rows)
       t0 = time.time()
       episodes += gen.episodes(task, version=version, step=step + 1, split="train",
                                group=group_size, first_row=len(episodes))

@@ -77,6 +77,41 @@ def test_resume_reproduces_an_uninterrupted_run(setup, tmp_path):
     np.testing.assert_allclose(np.asarray(va[...]), np.asarray(vb[...]), atol=1e-6)
 
 
+class _HashFilter:
+  """Passes a group when its problem id hashes to 1..3 mod 4 (about 3 in 4 groups), so
+  dynamic sampling runs further rounds of fewer groups."""
+  name = "hash_filter"
+
+  def __call__(self, groups):
+    import zlib
+    return np.array([zlib.crc32(g[0].task_id.encode()) % 4 != 0 for g in groups])
+
+
+def test_dynamic_sampling_compiles_one_sampler_and_one_learner_program(setup, tmp_path):
+  from evotrainer.harness.filters import DynamicSampling
+  from evotrainer.harness.pipeline import Harness
+  from evotrainer.learner.step import Learner
+  task, tok, cfg = setup
+  learners = []
+
+  def factory(m, mesh, **kw):
+    learners.append(Learner(m, mesh, learning_rate=3e-3, **kw))
+    return learners[-1]
+
+  out = train(str(tmp_path), task, Transformer(cfg, rngs=nnx.Rngs(0)), tok, seed=3, steps=6,
+              prompts_per_step=4, group_size=4, eval_every=100, checkpoint_every=100,
+              progress=False, store_rollouts=False,
+              harness=Harness(group_filters=[_HashFilter()],
+                              dynamic_sampling=DynamicSampling(oversample=1.5, max_rounds=3)),
+              eval_config=EvalConfig(num_problems=4, k=2, batch_rows=8, max_new_tokens=6),
+              learner_factory=factory)
+  rounds = [m["rounds"] for m in _metrics(tmp_path).values()]
+  assert max(rounds) >= 2, rounds  # later rounds asked for fewer groups than the first
+  # one program for every training round, and the evaluation's sampled and greedy ones
+  assert out["rollout"].sampler.compiled_programs() == 3
+  assert learners[0].compiled_programs() == 1
+
+
 def test_bad_train_arguments(setup, tmp_path):
   task, tok, cfg = setup
   model = Transformer(cfg, rngs=nnx.Rngs(0))
