@@ -327,6 +327,10 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     if parent is not None:
       context["incumbent"] = {**parent.final, "avg8": _avg8(parent)}
     _, findings = run_diagnostics(self._diagnostics, episodes, context)
+    # An incumbent found unstable that could not be rolled back (the root) carries its
+    # `unstable_incumbent` finding (promotion.py) into the next generation's proposals.
+    findings += [f.to_finding() for f in self.ledger.findings(version=inc.id)
+                 if f.kind == "unstable_incumbent"]
     if not any(f.kind == "proxy_true_disagreement" for f in findings):
       # The series-level gap detector (signal ambiguous) runs whatever is active.
       from evotrainer.harness.base import Evidence
