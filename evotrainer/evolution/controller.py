@@ -22,7 +22,8 @@ Per generation (`Controller.run`):
               training) becomes the incumbent. Every other branch is rejected (negative
               evidence); a control that is not promoted is pruned (no evidence either way)
   learn       decision outcomes, skill outcomes; a skill is written for a non-skill
-              intervention that worked
+              intervention that worked, and for the change of an incumbent whose
+              branches mostly failed badly (its subtraction, promotion.py)
   harness     on a diagnostic gap (generations without gain; a proxy rising while BC is
               flat) enable library diagnostics / validators that separate kept from
               rejected versions, record a harness version, re-check kept versions under

@@ -430,6 +430,14 @@ def test_a_version_drifting_toward_collapse_is_not_kept(tmp_path):
   assert v.reason.startswith("rejected by validator training_stability")
   assert "entropy rose" in v.reason and "length crept" in v.reason
   assert ledger.version("v1.c").heldout["validators"]["training_stability"] == "pass"
+  # The training_drift diagnostic runs on the branch too (not only on incumbents): its
+  # finding, stored at verification, carries the means of the first and last 5 steps
+  # (linspace 0.13 -> 0.22 over 50 steps: 0.13 + 0.09 * 2/49 and 0.22 - 0.09 * 2/49).
+  (f,) = ledger.findings(version="v1.0", stage="verify")
+  assert f.kind == "training_drift" and f.value == 2.0
+  assert [list(e) for e in f.evidence] == [["series:entropy", "0.1337 -> 0.2163"],
+                                           ["series:length", "10.08 -> 14.22"]]
+  assert ledger.findings(version="v1.c", stage="verify") == []
 
 
 class FreshSetTrainer(ShiftTrainer):
