@@ -2,9 +2,9 @@
 launcher, evolve mode, branches trained for real with the tiny model): generation 1 trains
 exactly two changes and the control from the root.
 
-  lr ×100      training drifts toward collapse (entropy and truncation climb within the
-               segment): the `training_drift` diagnostic fires on the branch and the
-               `training_stability` validator rejects it
+  lr ×33       training drifts toward collapse (entropy, completion length and
+               truncation climb in the segment's last steps): the `training_drift`
+               diagnostic fires on the branch and `training_stability` rejects it
   lenient      a verifier that accepts every answer: the branch scores 1.0 and would
   verifier     beat the control by far; `strict_verifier_agreement` re-checks its
                episodes with the task's strict verifier and rejects it
@@ -12,6 +12,12 @@ exactly two changes and the control from the root.
 A failed validator is the first verdict `Promotion._verdict` gives (before collapsed or
 worse-beyond-noise), so a rejected branch's verdict is 'validator' and its reason names
 the validator. The control, trained the same way without the faults, passes both.
+
+Run once with `evolve.validators = [@ProxyTrueDisagreement(), @ExploitProbe()]` (the two
+gates removed) this test fails: the lenient branch is kept as the incumbent (avg 1.0,
+beats the control beyond noise), and the drifting branch is rejected only as
+'not_beyond_noise': the root solves ~1% of validation problems, so a fall to 0 is
+neither collapsed nor worse beyond noise, and only training_stability sees it.
 """
 
 import json
@@ -26,12 +32,14 @@ from evotrainer.evolution.ledger import Ledger
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The cheapest budget where the signals are unambiguous: 10 RL steps (two 5-step windows
 # of the drift signals), 16 new tokens so a healthy policy ends its answers before the
-# limit (with tiny.gin's 8 every completion is truncated and length cannot drift), and a
-# warm start that writes `a+b = c <answer>c</answer>` (lengths ~9, no truncation).
+# limit (with tiny.gin's 8 every completion is truncated and length cannot drift), a
+# warm start that writes `a+b = c <answer>c</answer>` (lengths ~9, no truncation), and
+# evaluations and checkpoints at a branch's start and end only (tiny.gin: every step).
 BUDGET = ["evolve.generations = 1", "evolve.branches = 2", "evolve.branch_steps = 10",
           "warm_start.steps = 300", "warm_start.target_accuracy = None",
           "SamplingParams.max_new_tokens = 16", "EvalConfig.max_new_tokens = 16",
-          "EvalConfig.num_problems = 32", "EvalConfig.k = 4"]
+          "EvalConfig.num_problems = 32", "EvalConfig.k = 4", "train.eval_every = 10",
+          "train.checkpoint_every = 10"]
 
 
 def launch(workdir, tmp_path, *extra):
@@ -67,20 +75,25 @@ def test_the_gates_fire_on_planted_faults_in_the_real_job(tmp_path):
   series = json.loads((workdir / "versions" / drift["id"] / "branch_result.json")
                       .read_text())["series"]
   e0, e1 = ends(series["entropy"])
+  n0, n1 = ends(series["length"])
   t0, t1 = ends(series["truncated"])
-  assert e1 > 1.5 * e0 and e1 - e0 > 0.05, series["entropy"]  # drift_signals' bounds
+  # drift_signals' bounds: entropy +50% (and +0.05 nats), length +25%, truncation +0.1
+  assert e1 > 1.5 * e0 and e1 - e0 > 0.05, series["entropy"]
+  assert n1 > 1.25 * n0, series["length"]
   assert t1 - t0 > 0.1, series["truncated"]
   assert drift["status"] == "rejected" and drift["verdict"] == "validator"
   assert drift["reason"].startswith("rejected by validator training_stability: "
                                     "training_stability: fail"), drift["reason"]
-  assert "entropy rose" in drift["reason"] and "truncation rose" in drift["reason"]
+  for what in ("entropy rose", "completion length crept", "truncation rose"):
+    assert what in drift["reason"], drift["reason"]
   assert drift["validators"]["training_stability"] == "fail"
   with Ledger(workdir / "ledger.sqlite") as ledger:
     found = ledger.findings(version=drift["id"], stage="verify")
     decisions = {d.version_id: d for d in ledger.decisions() if d.version_id}
   (f,) = [f for f in found if f.kind == "training_drift"]
-  assert f.value >= 2 and f.message.startswith("training drifts toward collapse")
-  assert {e[0] for e in f.evidence} >= {"series:entropy", "series:truncated"}
+  assert f.value == 3 and f.message.startswith("training drifts toward collapse")
+  assert [e[0] for e in f.evidence] == ["series:entropy", "series:length",
+                                        "series:truncated"]
   assert decisions[drift["id"]].outcome == "failure"
   assert "training_stability" in decisions[drift["id"]].why
 
