@@ -22,7 +22,8 @@ Per generation (`Controller.run`):
               training) becomes the incumbent. Every other branch is rejected (negative
               evidence); a control that is not promoted is pruned (no evidence either way)
   learn       decision outcomes, skill outcomes; a skill is written for a non-skill
-              intervention that worked
+              intervention that worked, and for the change of an incumbent whose
+              branches mostly failed badly (its subtraction, promotion.py)
   harness     on a diagnostic gap (generations without gain; a proxy rising while BC is
               flat) enable library diagnostics / validators that separate kept from
               rejected versions, record a harness version, re-check kept versions under
@@ -327,6 +328,10 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     if parent is not None:
       context["incumbent"] = {**parent.final, "avg8": _avg8(parent)}
     _, findings = run_diagnostics(self._diagnostics, episodes, context)
+    # An incumbent found unstable that could not be rolled back (the root) carries its
+    # `unstable_incumbent` finding (promotion.py) into the next generation's proposals.
+    findings += [f.to_finding() for f in self.ledger.findings(version=inc.id)
+                 if f.kind == "unstable_incumbent"]
     if not any(f.kind == "proxy_true_disagreement" for f in findings):
       # The series-level gap detector (signal ambiguous) runs whatever is active.
       from evotrainer.harness.base import Evidence

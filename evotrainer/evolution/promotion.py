@@ -10,7 +10,9 @@ active validator; the best such branch becomes the incumbent. A branch whose per
 results equal the control's is inert: its knob never acted. When no change is kept and
 the control beats the parent beyond noise, the control (continued training) is promoted;
 otherwise it is pruned. Each outcome is one verdict (`Promotion._verdict`) with its
-reason. Kept changes that no skill proposed become skills (`_learn_skill`).
+reason; a collapsed branch and a branch whose training drifted (the active
+`training_drift` diagnostic over its own series) get their findings at stage 'verify'.
+Kept changes that no skill proposed become skills (`_learn_skill`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import re
 from typing import Any, Mapping, Optional, Sequence
 
 from evotrainer.evolution.proposers import Hypothesis
+from evotrainer.evolution.search_space import Intervention, make_intervention
 from evotrainer.evolution.skills import Skill, SkillError, state_of, template_of
 from evotrainer.evolution.stats import holm, paired_test, score_label
 from evotrainer.evolution.trainer import BranchResult
@@ -49,7 +52,8 @@ def _proxy(r: BranchResult) -> Optional[float]:
 class Promotion:
   """The Controller's verify and learn steps (a mixin). Uses the host's `ledger`,
   `skills`, `alpha`, `bootstrap_n`, `collapse_fraction`, `seed`, `domain`,
-  `learn_skills`, `progress`, `_validators`, `_gate`, `result` and `evidence`."""
+  `learn_skills`, `progress`, `_validators`, `_diagnostics`, `_gate`, `result` and
+  `evidence`."""
 
   def _judge(self, vid: str, r: BranchResult, parent: str, seed: int,
              parent_evidence: Any = None) -> dict:
@@ -63,12 +67,25 @@ class Promotion:
     diff, lo, hi = t["diff"], t["lo"], t["hi"]
     pev = parent_evidence if parent_evidence is not None else self.evidence(parent)
     verdicts = run_validators(self._validators, self.evidence(vid, pev))
+    drift = self._drift_findings(r)
     self.ledger.update_version(vid, heldout={
         **self.ledger.version(vid).heldout, "noise": (hi - lo) / 2, "diff": diff,
         "lo": lo, "hi": hi, "p": t["p"], "validators": {v.validator: v.state for v in verdicts}})
     return {"version": vid, "avg8": _avg8(r), "parent_avg8": _avg8(pres), "proxy": _proxy(r),
             "diff": diff, "lo": lo, "hi": hi, "p": t["p"], "verdicts": verdicts,
-            "failed": [v for v in verdicts if not v.passed], "label": score_label(r.final)}
+            "failed": [v for v in verdicts if not v.passed], "label": score_label(r.final),
+            "drift": drift}
+
+  def _drift_findings(self, r: BranchResult) -> list:
+    """The active `training_drift` diagnostic over a branch's own training series. The
+    incumbent's diagnosis runs it on the incumbent only; a branch that drifted is
+    rejected, so without this its drift finding (the curves' two ends as evidence) would
+    never be written. Stored on the branch at verification, beside its verdict."""
+    from evotrainer.harness.diagnostics import run_diagnostics
+    diags = [d for d in self._diagnostics if d.name == "training_drift"]
+    if not diags or not r.series:
+      return []
+    return run_diagnostics(diags, [], {"series": dict(r.series)})[1]
 
   def _ci(self, x: Mapping, parent: str) -> str:
     return (f"{x.get('label', 'avg8')} {x['diff']:+.4f}, {100 * (1 - self.alpha):.0f}% CI [{x['lo']:+.4f}, "
@@ -158,8 +175,10 @@ class Promotion:
           self.ledger.set_skill_outcome(x["version"], skill, outcome)
         self.ledger.update_version(x["version"], heldout={
             **self.ledger.version(x["version"]).heldout, "verdict": x["verdict"]})
-        if x["verdict"] == "collapsed":
-          self.ledger.add_findings(x["version"], [self._collapse_finding(x)], stage="verify")
+        found = ([self._collapse_finding(x)] if x["verdict"] == "collapsed" else []) \
+            + x["drift"]
+        if found:
+          self.ledger.add_findings(x["version"], found, stage="verify")
         if x is best:
           self.ledger.promote(x["version"], reason)
         elif x.get("control"):
@@ -254,15 +273,31 @@ class Promotion:
 
   def _suspect_incumbent(self, gen: int, parent: str, rows: Sequence[Mapping]) -> Optional[str]:
     """When most branches of the incumbent (its control included) regress beyond noise
-    from it, the incumbent itself is suspect: it is demoted as unstable (negative evidence
-    for its change) and the incumbent rolls back to its last good ancestor. Runs inside the
-    caller's transaction; returns what was done, or None."""
-    bad = [x["version"] for x in rows if not x.get("inert") and x["hi"] < 0]
-    inc = self.ledger.version(parent)
-    if inc.parent is None or len(bad) < 2 or 2 * len(bad) <= len(rows):
+    from it, the incumbent itself is suspect: an `unstable_incumbent` finding is recorded
+    on it (evidence: the failed branches), its change is learned as a subtraction skill
+    (`_learn_subtraction`), and, unless it is the root, it is demoted as unstable
+    (negative evidence for its change) and the incumbent rolls back to its last good
+    ancestor. The root has nothing to roll back to: it stays, and its finding lets that
+    skill propose the subtraction in the next generation. Runs inside the caller's
+    transaction; returns what was done, or None."""
+    from evotrainer.types import Finding
+    bad = [x for x in rows if not x.get("inert") and x["hi"] < 0]
+    if len(bad) < 2 or 2 * len(bad) <= len(rows):
       return None
+    names = [x["version"] for x in bad]
     why = (f"unstable: {len(bad)} of {len(rows)} branches from {parent} collapsed or "
-           f"regressed beyond noise ({', '.join(bad)})")
+           f"regressed beyond noise ({', '.join(names)})")
+    self.ledger.add_findings(parent, [Finding(
+        kind="unstable_incumbent", layer="model", severity=1.0,
+        value=len(bad) / len(rows), threshold=0.5, message=why,
+        evidence=tuple((x["version"], f"{x['verdict']}: {x.get('label', 'avg8')} "
+                                      f"{x['diff']:+.4f} [{x['lo']:+.4f}, {x['hi']:+.4f}]")
+                       for x in bad))], stage=f"g{gen}-suspect")
+    learned = self._learn_subtraction(parent)
+    also = f"; skill {learned} learned its subtraction" if learned else ""
+    inc = self.ledger.version(parent)
+    if inc.parent is None:
+      return f"{why}: {parent} is the root, nothing to roll back to{also}"
     did = f"g{gen}-suspect"
     self.ledger.add_decision(did, parent, intervention={"demote": parent},
                              hypothesis=f"{parent}'s own change made it unstable: its "
@@ -272,7 +307,44 @@ class Promotion:
     self.ledger.update_decision(did, outcome="failure", why=why)
     self.ledger.reject(parent, why)
     back = self.ledger.incumbent()
-    return f"{why}: {parent} demoted, incumbent rolled back to {back and back.id}"
+    return f"{why}: {parent} demoted, incumbent rolled back to {back and back.id}{also}"
+
+  def _learn_subtraction(self, vid: str) -> Optional[str]:
+    """Writes (or adds evidence to) the skill "when most branches of an incumbent that
+    carries this change fail badly, subtract the change" for the change that made `vid`
+    (issue 16): trigger, an `unstable_incumbent` finding in the binding state the change
+    left (`state_of` its inverse); intervention, the inverse change (`template_of`). The
+    same change found unstable again (another version, another run) adds a success to
+    the same skill. The root and a control carry no change: None. Returns the name."""
+    if not self.learn_skills or self.skills is None:
+      return None
+    made = [d for d in self.ledger.decisions(version=vid) if "binding" in d.intervention]
+    if not made:
+      return None
+    iv = Intervention.from_dict(made[0].intervention)
+    undo = make_intervention(iv.binding, iv.new, iv.old, key=iv.key)
+    trigger = {"finding": "unstable_incumbent", "and": [state_of(undo)]}
+    digest = hashlib.sha256(json.dumps([trigger, template_of(undo)], sort_keys=True,
+                                       default=str).encode()).hexdigest()[:6]
+    name = "learned-unstable-" + re.sub(r"[^a-z0-9]+", "-", f"{iv.binding}-{iv.kind}-"
+                                        f"{iv.key or ''}".lower()).strip("-") + f"-{digest}"
+    try:
+      if name not in self.skills:
+        self.skills.add(Skill(
+            name=name, category="training stability",
+            description=f"learned on {vid}: most branches of an incumbent that made the "
+                        f"change {iv.description} failed badly; subtract it "
+                        f"({undo.description})",
+            trigger=trigger, intervention=template_of(undo),
+            expected_outcome="branches from the incumbent stop collapsing once its "
+                             "unstable change is undone",
+            validation_criterion="the subtraction's branch is not collapsed or worse "
+                                 "beyond noise, and beats the control",
+            source="learned"))
+      self.skills.record_outcome(name, self.domain, True, version=vid)
+    except SkillError:
+      return None  # a template the skill language cannot express (e.g. a whole-list value)
+    return name
 
   def _learn_skill(self, h: Hypothesis, vid: str) -> None:
     """Writes (or adds evidence to) a skill for a kept change that no skill proposed: it

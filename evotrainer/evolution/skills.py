@@ -6,7 +6,10 @@ the expected outcome, the validation criterion, and the evidence — successes a
 failures per domain. A skill counts as cross-domain only once it was validated in two
 domains. Seed skills ship in `seed_skills/`; a run works on its own skills directory
 (`SkillLibrary.seeded(workdir / 'skills')`), records outcomes there, and a later run can
-start from that directory.
+start from that directory. The controller learns skills two ways (promotion.py): a kept
+change that no skill proposed (`learned-*`: the same change from the same state), and
+the change of an incumbent whose branches mostly failed badly (`learned-unstable-*`:
+on its `unstable_incumbent` finding while the change is in place, the inverse change).
 
 Trigger language (JSON; evaluated here, never with eval()):
 

@@ -84,8 +84,9 @@ def make(tmp_path, effects, name="run", trainer=None, **kw):
   skills = SkillLibrary.seeded(workdir / "skills")
   kw.setdefault("branches", 5)
   kw.setdefault("generations", 1)
-  c = Controller(ledger, trainer, space(), skills, workdir=workdir, values=VALUES, seed=3,
-                 bootstrap_n=1000, **kw)
+  kw.setdefault("values", VALUES)
+  kw.setdefault("seed", 3)
+  c = Controller(ledger, trainer, space(), skills, workdir=workdir, bootstrap_n=1000, **kw)
   return c, ledger, trainer
 
 

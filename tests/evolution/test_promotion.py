@@ -1,6 +1,6 @@
 """Honest promotion: Holm's correction by hand, the point-estimate mutant, a family-wise
-correction that can reject, distinct failure verdicts, a suspect incumbent rolled back,
-and a controller that never reads the test split."""
+correction that can reject, distinct failure verdicts, a suspect incumbent rolled back
+and its subtraction learned as a skill that a later run prefers, and a controller that never reads the test split."""
 
 import ast
 import dataclasses
@@ -13,7 +13,9 @@ import pytest
 from evotrainer.evolution import stats
 from evotrainer.evolution.trainer import BranchResult
 from evotrainer.report.test_split import TEST_FILE, attach_test
-from tests.evolution.test_controller import PROBLEMS, ScriptedTrainer, make
+from evotrainer.evolution.skills import SEED_DIR, SkillLibrary
+from tests.evolution.test_controller import (PROBLEMS, VALUES, ScriptedTrainer, changes,
+                                             make)
 
 EVOLUTION = pathlib.Path(__file__).resolve().parents[2] / "evotrainer" / "evolution"
 
@@ -223,6 +225,83 @@ def test_collapsing_children_demote_the_incumbent_and_say_so(tmp_path):
   assert all(verdicts[v.id] == "collapsed" for v in gen2)
 
 
+class UnstableRootTrainer(ScriptedTrainer):
+  """A later run whose root carries the change found unstable (lr 2e-5): every branch
+  from v0 collapses unless it sets the learning rate back to 1e-5."""
+
+  def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
+    r = super().train(version=version, parent_checkpoint=parent_checkpoint,
+                      bindings=bindings, seed=seed, workdir=workdir)
+    undone = any("Learner.learning_rate = 1e-05" in b for b in bindings)
+    if parent_checkpoint and "/v0/" in parent_checkpoint and not undone:
+      per = {p: v * 0.2 for p, v in r.per_problem.items()}
+      r = dataclasses.replace(r, per_problem=per,
+                              final={"avg8": sum(per.values()) / len(per)})
+    return r
+
+
+SUBTRACT = "learned-unstable-learner-learning-rate-set"
+
+
+def test_a_suspect_incumbent_teaches_a_subtraction_that_a_later_run_prefers(tmp_path):
+  # Run 1, one knob (lr 1e-5: its only candidate is 2e-5): generation 1 keeps lr 2e-5
+  # (+0.2); in generation 2 its two branches (lr 4e-5, lr 1e-5) and the control collapse.
+  c, ledger, _ = make(tmp_path, {}, name="first", branches=2, generations=2,
+                      trainer=PoisonedIncumbentTrainer({"2e-05": {"delta": 0.2}}))
+  _one_knob(c, "Learner.learning_rate").run()
+  assert ledger.version("v1.0").bindings == {"Learner.learning_rate": 2e-5}
+  assert ledger.version("v1.0").status == "rejected" and ledger.incumbent().id == "v0"
+  (f,) = ledger.findings(version="v1.0", stage="g2-suspect")
+  assert f.kind == "unstable_incumbent" and f.value == 1.0  # 3 of 3 branches
+  assert [e[0] for e in f.evidence] == ["v2.0", "v2.1", "v2.c"]
+  assert all(e[1].startswith("collapsed: avg8 -") for e in f.evidence)
+  # The skill: trigger = that finding while lr is the unstable 2e-5; action = set it
+  # back to 1e-5 (the inverse of v1.0's change); one observation, v1.0.
+  (name,) = [p.stem for p in (tmp_path / "first" / "skills").glob(f"{SUBTRACT}-*.json")]
+  learned = c.skills.get(name)
+  assert learned.category == "training stability" and learned.source == "learned"
+  assert learned.trigger == {"finding": "unstable_incumbent", "and": [
+      {"binding": "Learner.learning_rate", "op": "==", "value": 2e-5}]}
+  assert learned.intervention == {"binding": "Learner.learning_rate", "kind": "set",
+                                  "value": 1e-5}
+  assert learned.domains == {"math": {"successes": 1, "failures": 0}}
+  assert [h["version"] for h in learned.history] == ["v1.0"]
+  assert f"skill {name} learned its subtraction" in (
+      ledger.get_meta("controller/evaluated/2")["suspected"])
+
+  # Run 2 (and a baseline without run 1's skills): the root carries lr 2e-5. Its only
+  # branch and its control collapse in generation 1: the root cannot be rolled back, so
+  # it keeps its unstable_incumbent finding into generation 2.
+  def later(name, sources):
+    SkillLibrary.seeded(tmp_path / name / "skills", sources=sources)
+    # seed 0: generation 1 explores 'train.group_size: 8 -> 12' (seed 3 would explore
+    # the subtraction itself and never make the root suspect).
+    c, ledger, _ = make(tmp_path, {}, name=name, branches=1, generations=2, seed=0,
+                        values={**VALUES, "Learner.learning_rate": 2e-5},
+                        trainer=UnstableRootTrainer({"1e-05": {"delta": 0.2}}))
+    c.run()
+    return c, ledger
+
+  c2, ledger2 = later("later", [tmp_path / "first" / "skills", SEED_DIR])
+  _, base = later("baseline", [SEED_DIR])
+  for lg in (ledger2, base):
+    (g1,) = [d for d in changes(lg) if d.parent == "v0" and d.version_id == "v1.0"]
+    assert g1.intervention["binding"] != "Learner.learning_rate" or (
+        g1.intervention["new"] != 1e-5)  # generation 1 did not undo it by chance
+    assert [f.kind for f in lg.findings(version="v0", stage="g1-suspect")] == [
+        "unstable_incumbent"]
+    assert lg.version("v0").status == "kept"
+  # With the skill, generation 2's branch is the subtraction; it is kept (the control
+  # still collapses) and the skill gains its second success.
+  (d,) = [d for d in changes(ledger2) if d.version_id == "v2.0"]
+  assert d.skill == name and d.intervention["new"] == 1e-5 and d.outcome == "success"
+  assert ledger2.incumbent().id == "v2.0"
+  assert c2.skills.get(name).domains == {"math": {"successes": 2, "failures": 0}}
+  # Without it, the proposer explores something else and the root stays unstable.
+  (d,) = [d for d in changes(base) if d.version_id == "v2.0"]
+  assert d.skill is None and d.intervention["new"] != 1e-5 and d.outcome == "failure"
+
+
 class PoisonedTestTrainer(ScriptedTrainer):
   """Also writes a test evaluation that ranks the branches the other way round."""
 
@@ -351,6 +430,14 @@ def test_a_version_drifting_toward_collapse_is_not_kept(tmp_path):
   assert v.reason.startswith("rejected by validator training_stability")
   assert "entropy rose" in v.reason and "length crept" in v.reason
   assert ledger.version("v1.c").heldout["validators"]["training_stability"] == "pass"
+  # The training_drift diagnostic runs on the branch too (not only on incumbents): its
+  # finding, stored at verification, carries the means of the first and last 5 steps
+  # (linspace 0.13 -> 0.22 over 50 steps: 0.13 + 0.09 * 2/49 and 0.22 - 0.09 * 2/49).
+  (f,) = ledger.findings(version="v1.0", stage="verify")
+  assert f.kind == "training_drift" and f.value == 2.0
+  assert [list(e) for e in f.evidence] == [["series:entropy", "0.1337 -> 0.2163"],
+                                           ["series:length", "10.08 -> 14.22"]]
+  assert ledger.findings(version="v1.c", stage="verify") == []
 
 
 class FreshSetTrainer(ShiftTrainer):
