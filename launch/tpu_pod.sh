@@ -6,7 +6,8 @@
 #
 #   NAME=evo-pod ZONE=us-central2-b ACCELERATOR_TYPE=v4-32 VERSION=tpu-ubuntu2204-base \
 #   WORKDIR=gs://my-bucket/runs/evo1 \
-#   launch/tpu_pod.sh all --gin_file=gin/math.gin --gin_file=gin/model/qwen3-0.6b.gin
+#   launch/tpu_pod.sh all --gin_file=gin/math_train.gin --gin_file=gin/model/qwen3-0.6b.gin \
+#     --gin_bindings="policy.hf_dir = '/path/on/every/worker/Qwen3-0.6B'"
 #
 # See launch/README.md.
 set -euo pipefail
