@@ -128,3 +128,18 @@ def test_train_two_processes_match_one(tmp_path):
   assert not [p for p in w1 if p.parts[0] != "checkpoints"], sorted(map(str, w1))
   assert (two / "checkpoints" / str(STEPS)).is_dir()
   assert json.loads((two / "summary.json").read_text())["steps"] == STEPS
+
+
+@pytest.mark.slow
+def test_evolve_is_refused_across_processes(tmp_path):
+  port = free_port()
+  envs = [process_env(1, port=port, process_id=i, num_processes=2) for i in range(2)]
+  argv = [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
+          "--gin_file=gin/tiny.gin", f"--workdir={tmp_path / 'evo'}"]
+  codes, logs = run_processes(argv, envs, tmp_path, TIMEOUT_S)
+  assert codes == [2, 2], format_logs(codes, logs)
+  for log in logs:
+    errors = [line for line in log.splitlines() if line.startswith("error (")]
+    assert len(errors) == 1 and errors[0].startswith(
+        "error (config): run.mode='evolve' runs as one process"), log
+  assert not (tmp_path / "evo" / "ledger.sqlite").exists()
