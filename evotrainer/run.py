@@ -188,7 +188,7 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   from evotrainer.model.source import policy
   from evotrainer.sampling import SamplingParams
   from evotrainer.sharding.mesh import make_mesh
-  from evotrainer.sharding.multihost import is_primary
+  from evotrainer.sharding.multihost import check_agree, is_multiprocess, is_primary
   from evotrainer.sharding.rules import LEARNER_RULES
   from evotrainer.tokenizers import SentencePieceTokenizer
 
@@ -204,6 +204,10 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   texts = [task.format_prompt(p) + " " + p.solution for p in train_problems]
   model, tok = policy(texts, mesh, LEARNER_RULES)
   c = model.config
+  if is_multiprocess():  # each host trained or read its tokenizer: one vocabulary for all
+    from evotrainer.workdir import tokenizer_digest
+    check_agree({"tokenizer_sha256_prefix": int(tokenizer_digest(tok)[:12], 16)},
+                "the tokenizer")
   if mode in ("train", "branch") and is_primary():
     from evotrainer.workdir import check_built, tokenizer_digest
     # Weights mean nothing under another vocabulary or model: refused (workdir.py).
