@@ -53,6 +53,7 @@ from jax.sharding import Mesh, SingleDeviceSharding
 
 from evotrainer.checksums import array_checksums
 from evotrainer.model.config import ModelConfig, RopeScaling
+from evotrainer.sharding.multihost import is_multiprocess, is_primary
 from evotrainer.sharding.rules import LEARNER_RULES, Rules
 
 log = logging.getLogger(__name__)
@@ -502,14 +503,18 @@ class Checkpoints:
         continue
       aside = self.directory + ".corrupt"
       for b, why in bad:
-        os.makedirs(aside, exist_ok=True)
         dst = os.path.join(aside, f"{b}-{int(time.time())}")
-        os.replace(self._step_dir(b), dst)
+        if is_primary():  # one mover: the processes of a run share the directory
+          os.makedirs(aside, exist_ok=True)
+          os.replace(self._step_dir(b), dst)
         log.warning("checkpoint step %d is corrupted (%s); moved to %s; resuming from "
                     "step %d", b, why, dst, step)
         print(f"[checkpoint] WARNING: step {b} in {self.directory} is corrupted; moved to "
               f"{dst}; resuming from the intact step {step}", flush=True)
       if bad:
+        if is_multiprocess():  # the others reload once process 0 has moved the steps
+          from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+          multihost_utils.sync_global_devices("corrupted checkpoint steps moved aside")
         self._manager.reload()
       return step, state, meta
     raise CheckpointError(

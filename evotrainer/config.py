@@ -92,7 +92,11 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
     logging.getLogger().removeFilter(quiet)
   check_value_types()
   if finalize:
-    gin.finalize()
+    try:
+      gin.finalize()
+    except ValueError as e:  # e.g. a `%gin.REQUIRED` value nobody bound
+      raise ConfigError(f"{e} Bind it with --gin_bindings (e.g. gin/model/*.gin need "
+                        f"policy.hf_dir = '/path/to/checkpoint').") from None
 
 
 def _expected(default) -> tuple | None:

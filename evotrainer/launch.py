@@ -20,6 +20,11 @@ Flags:
                         multi-host set-up (else the EVO_* environment variables; on a TPU
                         VM pod set EVO_TPU_POD=1 and nothing else).
 
+Multi-process runs (several hosts, or local processes for a test): `train`, `branch`
+and `sample` run on all processes, process 0 writing the files; `evolve` and `sweep`
+are refused (exit 2): their controller runs one branch at a time as a child process of
+one host.
+
 Known failures (configuration, data, checkpoint, ledger, disk, permissions, memory,
 workdir lock or fingerprint) end with one line `error (<kind>): ...` and exit code 2.
 The workdir is locked for the run's life (a second process stops naming the holder) and
@@ -147,6 +152,12 @@ def main(argv) -> None:
     from evotrainer.sharding.mesh import initialize_distributed
     multi = initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                    FLAGS.process_id)
+    if multi and mode in ("evolve", "sweep"):
+      _fail("config", f"run.mode='{mode}' runs as one process: its controller starts "
+                      f"every branch as a child process on its own host, and branches "
+                      f"spanning several processes are not supported; launch it without "
+                      f"--coordinator_address/--num_processes/EVO_* (or EVO_TPU_POD), or "
+                      f"run one branch multi-process with run.mode='train'")
     primary = not multi or __import__("jax").process_index() == 0
     if mode != "ledger" and primary:  # one process per workdir; readers need no lock
       lock = workdir_lib.WorkdirLock(workdir).acquire()

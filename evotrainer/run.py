@@ -188,6 +188,7 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   from evotrainer.model.source import policy
   from evotrainer.sampling import SamplingParams
   from evotrainer.sharding.mesh import make_mesh
+  from evotrainer.sharding.multihost import check_agree, is_multiprocess, is_primary
   from evotrainer.sharding.rules import LEARNER_RULES
   from evotrainer.tokenizers import SentencePieceTokenizer
 
@@ -203,7 +204,11 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   texts = [task.format_prompt(p) + " " + p.solution for p in train_problems]
   model, tok = policy(texts, mesh, LEARNER_RULES)
   c = model.config
-  if mode in ("train", "branch") and jax.process_index() == 0:
+  if is_multiprocess():  # each host trained or read its tokenizer: one vocabulary for all
+    from evotrainer.workdir import tokenizer_digest
+    check_agree({"tokenizer_sha256_prefix": int(tokenizer_digest(tok)[:12], 16)},
+                "the tokenizer")
+  if mode in ("train", "branch") and is_primary():
     from evotrainer.workdir import check_built, tokenizer_digest
     # Weights mean nothing under another vocabulary or model: refused (workdir.py).
     # Precision and remat may change on a resume (a restore casts); the shape may not.
@@ -248,9 +253,10 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
       _print("[evotrainer] test before -> after RL: " + ", ".join(
           f"{k} {ti[k]:.3f} -> {tf[k]:.3f}" for k in ti))
   summary["wall_s"] = round(time.time() - start, 2)
-  config_lib.write_operative_config(workdir)
-  _write_summary(workdir, summary)
-  _print(f"[evotrainer] wrote {workdir}/summary.json and operative_config.gin")
+  if is_primary():  # the other processes of a multi-process run write no files
+    config_lib.write_operative_config(workdir)
+    _write_summary(workdir, summary)
+    _print(f"[evotrainer] wrote {workdir}/summary.json and operative_config.gin")
   task.close()
   return summary
 
@@ -349,6 +355,7 @@ def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
 
   from evotrainer import checkpoint
   from evotrainer.rollouts.store import RolloutStore
+  from evotrainer.sharding.multihost import is_primary
   from evotrainer.train import train
 
   cfg = branch()
@@ -373,6 +380,8 @@ def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
                                                        task)
   result["final"].update(canary_figures)
   figures, per_problem = test_evaluation(out["rollout"], out["state"].params, task)
+  if not is_primary():  # process 0 writes the files of a multi-process branch
+    return result
   if figures:  # beside the result, never in it: the controller reads branch_result.json
     _write_json(pathlib.Path(workdir) / "test_eval.json",
                 {"version": cfg["version"], "final": figures, "per_problem": per_problem})

@@ -35,6 +35,8 @@ from evotrainer.learner.step import Learner, TrainState
 from evotrainer.rollouts.store import RolloutStore
 from evotrainer.sampling import Sampler, SamplingParams, left_pad
 from evotrainer.sharding.mesh import state_shardings
+from evotrainer.sharding.multihost import (broadcast_json, check_agree, is_multiprocess,
+                                           is_primary, to_host)
 from evotrainer.sharding.rules import SAMPLER_RULES
 from evotrainer.types import Episode, TrainBatch
 
@@ -128,15 +130,20 @@ class Rollout:
       ids = ids + [ids[-1]] * (pad_rows_to - n)
     batch = left_pad(ids, self.tok.pad_id)
     out = self.sampler(params, batch, key, stop_ids=self.tok.stop_ids, sampling=sampling)
-    tokens = np.asarray(out.tokens)[:n]
-    lengths = np.asarray(out.lengths)[:n]
+    # Rows are sharded over the mesh, possibly over several processes: every process
+    # gathers the whole batch (a collective), so all hold the same host rollouts.
+    out = to_host(out)
+    tokens, lengths = out.tokens[:n], out.lengths[:n]
     texts = [self.tok.decode(_cut_at_stop(tokens[i, :lengths[i]], self.tok.stop_ids))
              for i in range(n)]
-    scores = self.task.score_many(rows, texts)
+    # Scored by process 0 and sent to the others: verifiers run under wall-clock
+    # timeouts (math-verify, the sandbox), so two hosts could score one text differently
+    # and then build different training batches (multihost.py).
+    scores = broadcast_json(self.task.score_many(rows, texts) if is_primary() else None)
     return Generation(problems=rows, prompt_tokens=np.asarray(batch.tokens)[:n],
                       prompt_lengths=np.asarray(batch.lengths)[:n], tokens=tokens,
-                      logprobs=np.asarray(out.logprobs)[:n], lengths=lengths,
-                      truncated=np.asarray(out.truncated)[:n], texts=texts, scores=scores)
+                      logprobs=out.logprobs[:n], lengths=lengths,
+                      truncated=out.truncated[:n], texts=texts, scores=scores)
 
 
 def _cut_at_stop(ids: np.ndarray, stop_ids: Sequence[int]) -> list:
@@ -362,8 +369,11 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
                     None if mesh is None else state_shardings(params0, mesh, SAMPLER_RULES))
   heldout = task.heldout_problems(eval_config.num_problems, split="validation")
   eval_key = eval_config.key()
-  writer = MetricWriter(workdir)
-  store = RolloutStore(os.path.join(workdir, "rollouts")) if store_rollouts else None
+  # Process 0 writes the run's files; the others log their step lines only.
+  primary = is_primary()
+  writer = MetricWriter(workdir) if primary else _NoWriter()
+  store = (RolloutStore(os.path.join(workdir, "rollouts"))
+           if store_rollouts and primary else None)
   ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), max_to_keep=max_to_keep)
   background = Background()
 
@@ -375,8 +385,9 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
     state = restored["state"]
     step0, initial, history = meta["step"], meta["initial"], meta["history"]
     harness.load_state(meta.get("harness_state", {}), strict=False)
-    writer.truncate_after(step0)
-    truncate_after_findings(workdir, step0)
+    if primary:
+      writer.truncate_after(step0)
+      truncate_after_findings(workdir, step0)
     print(f"[train] resumed from step {step0} ({ckpts.directory})", flush=True)
   elif parent_checkpoints:
     parent = Checkpoints(parent_checkpoints, max_to_keep=None)
@@ -453,7 +464,7 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
                                      recompute_old_logprobs)
     for _ in range(updates_per_batch):
       state, lm = learner.step(state, batch, hp)
-    lm = {k: float(v) for k, v in jax.device_get(lm).items()}
+    lm = {k: float(v) for k, v in to_host(lm).items()}
     if gap is not None:
       lm["sampler_logprob_gap"] = gap
     step += 1
@@ -465,21 +476,29 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
                "rounds": rounds, **{f"harness/{k}": float(v) for k, v in out.metrics.items()},
                **{f"learner/{k}": v for k, v in lm.items()}}
     metrics["reward"] = float(out.rewards.mean())
-    background.submit(functools.partial(
-        _bookkeeping, workdir, writer, store, diagnostics, version, step, episodes, out,
-        lm, {"group_size": group_size, "target_groups": prompts_per_step,
-             "harness": harness.describe()}))
+    if primary:
+      background.submit(functools.partial(
+          _bookkeeping, workdir, writer, store, diagnostics, version, step, episodes, out,
+          lm, {"group_size": group_size, "target_groups": prompts_per_step,
+               "harness": harness.describe()}))
     t_harness += time.time() - t0
     harness_s += t_harness
     total_s += time.time() - t_step
     metrics["time/step_s"] = time.time() - t_step
     metrics["time/harness_share"] = t_harness / metrics["time/step_s"]
     writer.write(step, metrics)
+    if is_multiprocess():  # every process logs the step; all must agree, bit for bit
+      agreed = {k: metrics[k] for k in _AGREED if k in metrics}
+      print(f"[train] process {jax.process_index()} step {step}: "
+            + json.dumps(agreed), flush=True)
+      check_agree(agreed, f"step {step}")
     bar.update(1)
     bar.set_postfix(reward=f"{metrics['reward']:.2f}",
                     dead=f"{out.metrics.get('dead_group_ratio/raw', 0.0):.2f}")
     # 7. held-out evaluation and checkpoint.
     out_of_time = time_limit_s is not None and time.time() - t_train > time_limit_s
+    if time_limit_s is not None:  # the clock of process 0 decides for all processes
+      out_of_time = broadcast_json(out_of_time)
     last = step == steps or out_of_time
     if step % eval_every == 0 or last:
       ev = run_eval(step)
@@ -504,6 +523,23 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
           "harness_share": round(harness_s / total_s, 4) if total_s else None}
 
 
+# The metrics every process of a multi-process run prints per step and checks for
+# agreement: they depend on the gathered rollouts, the scores, the harness and the
+# learner's global reductions, so a wrong gather or placement shows in them.
+_AGREED = ("reward", "correct", "length_mean", "learner/loss", "learner/pg_loss",
+           "learner/grad_norm", "learner/entropy", "learner/approx_kl")
+
+
+class _NoWriter:
+  """The MetricWriter of processes other than 0: they write no files."""
+
+  def write(self, step: int, metrics: dict) -> None:
+    del step, metrics
+
+  def truncate_after(self, step: int) -> None:
+    del step
+
+
 def _behaviour_logprobs(learner: Learner, state: TrainState, batch: TrainBatch, hp,
                         ref_params, recompute: bool) -> tuple[TrainBatch, Optional[float]]:
   """The batch with learner-computed old (and reference) log-probs at the sampling
@@ -512,7 +548,7 @@ def _behaviour_logprobs(learner: Learner, state: TrainState, batch: TrainBatch, 
   if recompute:
     old = learner.reference_logprobs(state.params, batch, hp.temperature)  # [B, N]
     mask = np.asarray(batch.loss_mask, bool)
-    diff = np.abs(np.asarray(old) - np.asarray(batch.old_logprobs))
+    diff = np.abs(to_host(old) - np.asarray(batch.old_logprobs))
     gap = float(diff[mask].max()) if mask.any() else 0.0
     batch = dataclasses.replace(batch, old_logprobs=old)
   if ref_params is not None:

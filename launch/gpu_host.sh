@@ -3,7 +3,8 @@
 # pinned in setup.py into a virtual environment, then run the main command with a mesh
 # preset.
 #
-#   launch/gpu_host.sh --gin_file=gin/math.gin --gin_file=gin/model/qwen3-0.6b.gin
+#   launch/gpu_host.sh --gin_file=gin/math.gin --gin_file=gin/model/qwen3-0.6b.gin \
+#     --gin_bindings="policy.hf_dir = '/path/to/Qwen3-0.6B'"
 #
 # See launch/README.md.
 set -euo pipefail

@@ -3,7 +3,7 @@
 # one JAX run through a localhost coordinator (gloo collectives) and run the same
 # command, exactly as the workers of a TPU pod would.
 #
-#   NUM_PROCESSES=2 DEVICES_PER_PROCESS=4 launch/multihost_local.sh --gin_file=gin/math.gin
+#   NUM_PROCESSES=2 DEVICES_PER_PROCESS=4 launch/multihost_local.sh --gin_file=gin/math_train.gin
 #
 # See launch/README.md.
 set -euo pipefail

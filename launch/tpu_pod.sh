@@ -5,8 +5,9 @@
 # which finds the other workers by itself).
 #
 #   NAME=evo-pod ZONE=us-central2-b ACCELERATOR_TYPE=v4-32 VERSION=tpu-ubuntu2204-base \
-#   WORKDIR=gs://my-bucket/runs/evo1 \
-#   launch/tpu_pod.sh all --gin_file=gin/math.gin --gin_file=gin/model/qwen3-0.6b.gin
+#   WORKDIR=/mnt/my-bucket/runs/evo1 \
+#   launch/tpu_pod.sh all --gin_file=gin/math_train.gin --gin_file=gin/model/qwen3-0.6b.gin \
+#     --gin_bindings="policy.hf_dir = '/path/on/every/worker/Qwen3-0.6B'"
 #
 # See launch/README.md.
 set -euo pipefail
@@ -29,7 +30,8 @@ environment:
   ACCELERATOR_TYPE      e.g. v4-32, v5litepod-16 (required by create)
   VERSION               TPU VM runtime, e.g. tpu-ubuntu2204-base (required by create)
   PROJECT               gcloud project (default: gcloud's configured one)
-  WORKDIR               run directory shared by all workers, normally gs://... (required
+  WORKDIR               run directory every worker sees (a gcsfuse or NFS mount; not a
+                        gs:// URL, which is not supported yet) (required
                         by run unless --workdir is among the flags)
   MESH_GIN              mesh preset (default gin/mesh/fsdp.gin)
   REMOTE_DIR            where the repository goes on the workers (default evotrainer)
@@ -108,7 +110,7 @@ launch_flags() {
   [[ $has_gin == 1 ]] || { echo "$COMMAND: pass at least one --gin_file=..." >&2; usage; }
   FLAGS+=(--gin_file="$MESH_GIN")
   if [[ $has_workdir == 0 ]]; then
-    : "${WORKDIR:?set WORKDIR (shared by all workers, e.g. gs://bucket/run) or pass --workdir}"
+    : "${WORKDIR:?set WORKDIR (a directory every worker sees, e.g. a gcsfuse mount) or pass --workdir}"
     FLAGS+=(--workdir="$WORKDIR")
   fi
 }

@@ -43,6 +43,7 @@ from evotrainer.learner import losses
 from evotrainer.learner.step import completion_logprobs
 from evotrainer.model.transformer import Transformer
 from evotrainer.sharding.mesh import opt_state_shardings, shard_batch, state_shardings
+from evotrainer.sharding.multihost import all_true, broadcast_json, is_primary, to_host
 from evotrainer.sharding.rules import LEARNER_RULES, Rules, use_rules
 from evotrainer.tasks.base import Problem
 from evotrainer.tokenizers import Tokenizer
@@ -263,7 +264,9 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
               "check_every": check_every, "check_problems": check_problems}
   key = cache_key(model, tokenizer, task, data, settings)
   path = os.path.join(os.path.expanduser(cache_dir), f"warmstart-{key[:32]}")
-  if os.path.isdir(path):
+  # Every process restores, or every process trains: one host missing the entry (a
+  # cache on local disk) must not leave the others waiting in a collective.
+  if all_true(os.path.isdir(path)):
     try:
       checkpoint.restore_params_into(path, model)
       log.info("warm start: cache hit %s", path)
@@ -311,10 +314,13 @@ def _accuracy_stop(model: Transformer, tokenizer: Tokenizer, task: Any,
     calls[0] += 1
     out = sampler(params, batch, jax.random.key(seed * 7919 + calls[0]),
                   stop_ids=tokenizer.stop_ids, sampling=sp)
-    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    tokens, lengths = to_host((out.tokens, out.lengths))
     texts = [tokenizer.decode([t for t in tokens[i, :lengths[i]].tolist()
                                if t not in tokenizer.stop_ids]) for i in range(len(problems))]
-    acc = float(np.mean([s["correct"] for s in task.score_many(problems, texts)]))
+    # Process 0 decides (scoring has timeouts; see sharding/multihost.py).
+    acc = broadcast_json(
+        float(np.mean([s["correct"] for s in task.score_many(problems, texts)]))
+        if is_primary() else None)
     record.append({"check": calls[0], "accuracy": acc})
     log.info("warm start: check %d, sampled accuracy %.3f (target %.2f)", calls[0], acc, target)
     return acc >= target

@@ -31,6 +31,7 @@ from safetensors import safe_open
 from evotrainer.model.config import ModelConfig, RopeScaling
 from evotrainer.model.transformer import Transformer
 from evotrainer.sharding.mesh import state_shardings
+from evotrainer.sharding.multihost import is_primary, to_host
 from evotrainer.sharding.rules import LEARNER_RULES, Rules
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -398,15 +399,6 @@ def load_hf_checkpoint(path: Union[str, os.PathLike], mesh: Optional[Mesh] = Non
 # --------------------------------------------------------------------------- export
 
 
-def _to_host(x: jax.Array) -> np.ndarray:
-  """The full value of one (possibly multi-host) array on this host."""
-  if x.is_fully_addressable:
-    return np.asarray(jax.device_get(x))
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  # Every process must take part in the all-gather, even those that do not write.
-  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
 def _safetensors_header(entries: List[Tuple[str, np.dtype, Tuple[int, ...]]]) -> bytes:
   """Length-prefixed JSON header of a safetensors file whose tensors follow in order."""
   header: Dict[str, Any] = {"__metadata__": {"format": "pt"}}
@@ -437,7 +429,7 @@ def save_hf_checkpoint(model: Transformer, path: Union[str, os.PathLike]) -> Non
   variables = _state_by_path(nnx.state(model, nnx.Param), table)
   entries = [(t.name, np.dtype(variables[t.path].get_value().dtype), t.hf_shape)
              for t in table]
-  writer = jax.process_index() == 0
+  writer = is_primary()
   if writer:
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, CONFIG_FILE), "w") as f:
@@ -446,7 +438,7 @@ def save_hf_checkpoint(model: Transformer, path: Union[str, os.PathLike]) -> Non
     if writer:
       f.write(_safetensors_header(entries))
     for t in table:
-      host = np.ascontiguousarray(t.to_hf(_to_host(variables[t.path].get_value())))
+      host = np.ascontiguousarray(t.to_hf(to_host(variables[t.path].get_value())))
       if writer:
         f.write(host.tobytes())
       del host

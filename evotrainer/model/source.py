@@ -16,7 +16,7 @@ import gin
 from flax import nnx
 
 from evotrainer.model.config import ModelConfig
-from evotrainer.model.hf import load_hf_checkpoint
+from evotrainer.model.hf import config_from_hf, load_hf_checkpoint
 from evotrainer.model.transformer import Transformer
 from evotrainer.sharding.mesh import create_model
 from evotrainer.sharding.rules import LEARNER_RULES, Rules
@@ -34,11 +34,15 @@ def policy(texts: Optional[Iterable[str]] = None, mesh=None, rules: Rules = LEAR
     texts: task text for training a sentencepiece tokenizer (ignored with `hf_dir`).
     mesh, rules: where the parameters go.
     hf_dir: a local Hugging Face checkpoint directory; weights and tokenizer come from it.
-    config: the ModelConfig of a model trained from scratch (random initialization).
+    config: the ModelConfig of a model trained from scratch (random initialization);
+      with `hf_dir`, the architecture the checkpoint must have (gin/model/<name>.gin):
+      its config.json is checked against it before any weight is read.
     seed: initialization seed for a model built from `config`.
     param_dtype, dtype, remat: overrides for an HF checkpoint's ModelConfig.
   """
   if hf_dir:
+    if config is not None:
+      check_matches(config, config_from_hf(hf_dir), f"{hf_dir}/config.json")
     tokenizer = HFTokenizer.from_dir(hf_dir)
     overrides = {k: v for k, v in dict(param_dtype=param_dtype, dtype=dtype,
                                        remat=remat).items() if v is not None}
@@ -59,3 +63,21 @@ def policy(texts: Optional[Iterable[str]] = None, mesh=None, rules: Rules = LEAR
         f"{model.config.vocab_size}: raise ModelConfig.vocab_size or lower "
         f"make_tokenizer.vocab_size")
   return model, tokenizer
+
+
+# What a checkpoint may differ in from the gin config: precision and remat are choices
+# of the run (policy.param_dtype / dtype / remat), not of the weights.
+_RUN_CHOICES = ("param_dtype", "dtype", "remat")
+
+
+def check_matches(expected: ModelConfig, found: ModelConfig, where: str) -> None:
+  """Raises ConfigError naming every field where the checkpoint's config differs from
+  the one gin describes (e.g. `policy.hf_dir` points at another model)."""
+  from evotrainer.config import ConfigError
+  diff = [f"{k}: gin {getattr(expected, k)!r}, checkpoint {getattr(found, k)!r}"
+          for k in expected.__dataclass_fields__
+          if k not in _RUN_CHOICES and getattr(expected, k) != getattr(found, k)]
+  if diff:
+    raise ConfigError(f"{where} is not the model policy.config describes ("
+                      + "; ".join(diff) + "): point policy.hf_dir at the checkpoint of "
+                      "that model, or use its own gin/model/*.gin (or gin/model/hf.gin)")

@@ -1,0 +1,82 @@
+"""Start N local processes of one multi-process JAX run and collect their logs.
+
+Shared by the multi-host tests: every process gets `D` fake CPU devices, the coordinator
+`localhost:<free port>` and its `EVO_PROCESS_ID` (evotrainer/sharding/mesh.py reads the
+`EVO_*` variables), so the processes form one `N * D`-device run over gloo collectives.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+import subprocess
+from typing import Mapping, Optional, Sequence
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def process_env(devices: int, *, port: Optional[int] = None, process_id: int = 0,
+                num_processes: int = 1, pythonpath: Sequence[str] = (),
+                extra: Optional[Mapping[str, str]] = None) -> dict:
+  """The environment of one process with `devices` fake CPU devices; with `port`, one of
+  `num_processes` processes of a multi-process run (else a single process)."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith("EVO_")}
+  flags = [f for f in env.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  env.update(
+      XLA_FLAGS=" ".join(flags + [f"--xla_force_host_platform_device_count={devices}"]),
+      JAX_PLATFORMS="cpu",
+      PYTHONPATH=os.pathsep.join([*map(str, pythonpath), str(REPO)] +
+                                 [p for p in [env.get("PYTHONPATH")] if p]))
+  if port is not None:
+    env.update(EVO_COORDINATOR=f"localhost:{port}", EVO_NUM_PROCESSES=str(num_processes),
+               EVO_PROCESS_ID=str(process_id))
+  env.update(extra or {})
+  return env
+
+
+def run_processes(argv: Sequence[str], envs: Sequence[Mapping[str, str]],
+                  log_dir: pathlib.Path, timeout_s: float) -> tuple[list, list]:
+  """Runs `argv` once per environment, all at once, from the repository root.
+
+  Returns:
+    (return codes, full logs), one per process; a process still running after
+    `timeout_s` is killed (return code None), so a hang fails instead of blocking CI.
+  """
+  procs, files = [], []
+  for i, env in enumerate(envs):
+    f = open(log_dir / f"process{i}.log", "w+")
+    files.append(f)
+    procs.append(subprocess.Popen(list(argv), cwd=REPO, env=dict(env), stdout=f,
+                                  stderr=subprocess.STDOUT))
+  codes = []
+  try:
+    for p in procs:
+      try:
+        codes.append(p.wait(timeout=timeout_s))
+      except subprocess.TimeoutExpired:
+        codes.append(None)
+        timeout_s = 1  # the others have had their time too
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  logs = []
+  for f in files:
+    f.seek(0)
+    logs.append(f.read())
+    f.close()
+  return codes, logs
+
+
+def format_logs(codes: Sequence, logs: Sequence[str], tail: int = 6000) -> str:
+  return "\n".join(f"--- process {i} (rc={c}) ---\n{log[-tail:]}"
+                   for i, (c, log) in enumerate(zip(codes, logs)))

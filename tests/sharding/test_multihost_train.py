@@ -1,0 +1,145 @@
+"""The RL loop of `run.mode='train'` as 2 processes × 2 devices, through the real launcher.
+
+The same command (`python -m evotrainer.launch --gin_file=gin/math_train.gin`, the tiny
+model and a 2-step budget) runs once as 1 process × 4 CPU devices and once as 2 local
+processes × 2 devices (localhost coordinator, gloo): the same `data=4` mesh, so the
+same programs, with rows (and their gradient reduction) split across processes.
+
+What must hold:
+* both processes exit 0 and print the same per-step figures, bit for bit (train.py
+  also checks this itself every step);
+* those figures equal the 1-process run's: exactly for what depends only on the sampled
+  tokens and their scores (reward, correctness, length), and within rtol 1e-5 for the
+  learner's floats. Why a tolerance at all: the gradient all-reduce crosses processes
+  through gloo instead of XLA's in-process reduction, which may sum in another order
+  (a few float32 ulps, ~1e-7 relative; we have seen 1.7e-7 on the loss); two steps of
+  Adam cannot grow that to 1e-5. A wrong gather or placement (local rows only, rows
+  doubled or permuted against their advantages) changes these by percents;
+* only process 0 wrote the run's files (metrics, rollouts, summary, operative config):
+  an audit hook (tests/sharding/audit/sitecustomize.py) lists every file each process
+  writes; process 1 may write only inside checkpoints/, which Orbax saves collectively.
+
+The model is not warm-started (saves a minute of CPU): its reward is a length penalty
+plus the task's partial-credit part, which vary between completions, so the advantages,
+loss and gradients are far from zero.
+"""
+
+import json
+import math
+import pathlib
+import re
+import sys
+
+import pytest
+
+from tests.sharding.spawn import format_logs, free_port, process_env, run_processes
+
+AUDIT = pathlib.Path(__file__).parent / "audit"
+TIMEOUT_S = 300  # per run; generous for 2 shared cores
+STEPS = 2
+EXACT = ("reward", "correct", "length_mean")
+LEARNER = ("learner/loss", "learner/pg_loss", "learner/grad_norm", "learner/entropy",
+           "learner/approx_kl")
+RTOL, ATOL = 1e-5, 1e-6
+STEP_LINE = re.compile(r"^\[train\] process (\d+) step (\d+): (\{.*\})$", re.M)
+
+
+def _argv(workdir: pathlib.Path, cache: pathlib.Path) -> list:
+  bindings = [
+      f"train.steps = {STEPS}", "train.checkpoint_every = 2",
+      "run.warm_start = False", "ModelConfig.num_layers = 2",
+      "RewardComposer.parts = {'correct': 1.0, 'partial': 1.0, 'length': 1.0}",
+      "RewardComposer.components = [@LengthPenalty()]",
+      "LengthPenalty.target = 2", "LengthPenalty.scale = 8.0",
+      "EvalConfig.max_new_tokens = 8", "EvalConfig.num_test = 0",
+      f"make_tokenizer.cache_dir = '{cache}'"]
+  return [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math_train.gin",
+          "--gin_file=gin/tiny.gin", "--gin_file=gin/mesh/data.gin",
+          f"--workdir={workdir}", *[f"--gin_bindings={b}" for b in bindings]]
+
+
+def _train_rows(workdir: pathlib.Path) -> list:
+  """The training steps' rows of metrics.jsonl (evaluation and diagnostics rows skipped)."""
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return [r for r in rows if "reward" in r]
+
+
+def _writes(log: pathlib.Path, workdir: pathlib.Path) -> set:
+  """Paths inside `workdir` that one process wrote (relative)."""
+  out = set()
+  for line in log.read_text().splitlines() if log.exists() else []:
+    _, path = line.split("\t", 1)
+    p = pathlib.Path(path)
+    if p.is_relative_to(workdir):
+      out.add(p.relative_to(workdir))
+  return out
+
+
+@pytest.mark.slow
+def test_train_two_processes_match_one(tmp_path):
+  cache = tmp_path / "tokenizers"
+  one, two = tmp_path / "one", tmp_path / "two"
+  (tmp_path / "logs1").mkdir()
+  (tmp_path / "logs2").mkdir()
+
+  codes, logs = run_processes(_argv(one, cache), [process_env(4)], tmp_path / "logs1",
+                              TIMEOUT_S)
+  assert codes == [0], format_logs(codes, logs)
+  single = _train_rows(one)
+
+  port = free_port()
+  envs = [process_env(2, port=port, process_id=i, num_processes=2, pythonpath=[AUDIT],
+                      extra={"EVO_AUDIT_LOG": str(tmp_path / f"writes{i}.txt")})
+          for i in range(2)]
+  codes, logs = run_processes(_argv(two, cache), envs, tmp_path / "logs2", TIMEOUT_S)
+  assert codes == [0, 0], format_logs(codes, logs)
+
+  # Both processes logged every step, the same figures bit for bit.
+  printed = [{int(s): json.loads(d) for p, s, d in STEP_LINE.findall(log) if int(p) == i}
+             for i, log in enumerate(logs)]
+  assert sorted(printed[0]) == list(range(1, STEPS + 1)), format_logs(codes, logs)
+  assert printed[0] == printed[1]
+
+  # Process 0's metrics.jsonl holds each step once, as printed.
+  multi = _train_rows(two)
+  assert [r["step"] for r in multi] == [r["step"] for r in single] == list(range(1, STEPS + 1))
+  for row in multi:
+    assert {k: row[k] for k in printed[0][row["step"]]} == printed[0][row["step"]]
+
+  # The 2-process run is the 1-process run.
+  for a, b in zip(single, multi):
+    for k in EXACT:
+      assert a[k] == b[k], (a["step"], k, a[k], b[k])
+    for k in LEARNER:
+      assert math.isclose(a[k], b[k], rel_tol=RTOL, abs_tol=ATOL), (a["step"], k, a[k], b[k])
+    print(f"step {a['step']}: " + ", ".join(
+        f"{k} {a[k]:.9g} vs {b[k]:.9g}" for k in (*EXACT, *LEARNER)))
+  # ... and a non-trivial one: a real gradient on every step, rewards that vary.
+  assert all(r["learner/grad_norm"] > 0.1 for r in single)
+  assert any(abs(r["learner/loss"]) > 1e-3 for r in single)
+  assert all(r["harness/dead_group_ratio/raw"] < 1.0 for r in single)
+
+  # Only process 0 wrote the run's files; process 1 only its part of the checkpoints.
+  w0 = _writes(tmp_path / "writes0.txt", two)
+  w1 = _writes(tmp_path / "writes1.txt", two)
+  for name in ("metrics.jsonl", "summary.json", "operative_config.gin"):
+    assert any(p.name == name for p in w0), (name, sorted(map(str, w0)))
+  assert any(p.suffix == ".parquet" for p in w0), sorted(map(str, w0))
+  assert not [p for p in w1 if p.parts[0] != "checkpoints"], sorted(map(str, w1))
+  assert (two / "checkpoints" / str(STEPS)).is_dir()
+  assert json.loads((two / "summary.json").read_text())["steps"] == STEPS
+
+
+@pytest.mark.slow
+def test_evolve_is_refused_across_processes(tmp_path):
+  port = free_port()
+  envs = [process_env(1, port=port, process_id=i, num_processes=2) for i in range(2)]
+  argv = [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
+          "--gin_file=gin/tiny.gin", f"--workdir={tmp_path / 'evo'}"]
+  codes, logs = run_processes(argv, envs, tmp_path, TIMEOUT_S)
+  assert codes == [2, 2], format_logs(codes, logs)
+  for log in logs:
+    errors = [line for line in log.splitlines() if line.startswith("error (")]
+    assert len(errors) == 1 and errors[0].startswith(
+        "error (config): run.mode='evolve' runs as one process"), log
+  assert not (tmp_path / "evo" / "ledger.sqlite").exists()
