@@ -47,3 +47,12 @@ def test_unknown_module_is_refused():
     sandbox.Cell(modules=("no_such_module_xyz",))
   with pytest.raises(sandbox.SandboxError, match="top-level"):
     sandbox.Cell(modules=("os.path",))
+
+
+def test_rlimits_only_fallback_finds_bound_modules():
+  with pytest.warns(RuntimeWarning, match="WITHOUT namespaces"):
+    with sandbox.Cell(rlimits_only=True, modules=("pluggy",)) as cell:
+      result = cell.run("import sys, pluggy\nprint(sys.path[1].endswith('_lib'), "
+                        "pluggy.__name__)")
+  assert result.ok, result.stderr
+  assert result.stdout.split() == ["True", "pluggy"]
