@@ -208,11 +208,18 @@ class Cell:
       os.chmod(self._host_root, 0o755)
       config["root"] = self._host_root
       if self.module_paths:
-        # No mount namespace to bind into: a directory of links stands in for CELL_LIB.
+        # No mount namespace to bind into: a copy stands in for CELL_LIB (a link would
+        # not do: the runs' uid may not traverse the host folders above the module).
         lib = os.path.join(self._host_root, "_lib")
         os.mkdir(lib)
+        os.chmod(lib, 0o755)
         for path in self.module_paths:
-          os.symlink(path, os.path.join(lib, os.path.basename(path)))
+          target = os.path.join(lib, os.path.basename(path))
+          if os.path.isdir(path):
+            shutil.copytree(path, target, ignore=shutil.ignore_patterns("__pycache__"))
+          else:
+            shutil.copy(path, target)
+        subprocess.run(["chmod", "-R", "a+rX", lib], check=True)
         config["path"] = [lib]
       cmd = [exe, "-I", "-S", "-B", WORKER, json.dumps(config)]
       env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}

@@ -49,10 +49,15 @@ def test_unknown_module_is_refused():
     sandbox.Cell(modules=("os.path",))
 
 
-def test_rlimits_only_fallback_finds_bound_modules():
+def test_rlimits_only_fallback_finds_bound_modules(tmp_path, monkeypatch):
+  # A module of our own, world-readable (as root, the fallback's runs cannot read an
+  # interpreter installed under /root, so pytest itself is no probe here).
+  (tmp_path / "evo_probe_mod.py").write_text("VALUE = 42\n")
+  tmp_path.chmod(0o755)
+  monkeypatch.syspath_prepend(str(tmp_path))
   with pytest.warns(RuntimeWarning, match="WITHOUT namespaces"):
-    with sandbox.Cell(rlimits_only=True, modules=("pluggy",)) as cell:
-      result = cell.run("import sys, pluggy\nprint(sys.path[1].endswith('_lib'), "
-                        "pluggy.__name__)")
+    with sandbox.Cell(rlimits_only=True, modules=("evo_probe_mod",)) as cell:
+      result = cell.run("import sys, evo_probe_mod\n"
+                        "print(sys.path[1].endswith('_lib'), evo_probe_mod.VALUE)")
   assert result.ok, result.stderr
-  assert result.stdout.split() == ["True", "pluggy"]
+  assert result.stdout.split() == ["True", "42"]
