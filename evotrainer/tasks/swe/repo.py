@@ -13,12 +13,15 @@ episode's text files, keeps the changes to non-test files, writes them over a fr
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 from typing import Sequence
 
+from evotrainer.tasks.code import TAMPER_PATTERNS
 from evotrainer.tasks.swe import runner as runner_lib
 from evotrainer.tasks.swe.records import SweTask
 
@@ -29,6 +32,10 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "evotrainer", "GIT_AUTHOR_EMAIL": "swe@evotrainer.
            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull,
            "GIT_TERMINAL_PROMPT": "0", "PATH": "/usr/bin:/bin"}
 MARKER = ".evotrainer-ok"
+# The code domain's patterns (frames, sys.modules, builtins, os._exit, ...) plus what a
+# change needs to reach the test run from inside the library: pytest, the driver.
+_TAMPER = re.compile("|".join(TAMPER_PATTERNS + (r"\b_?pytest\b", r"\b__main__\b",
+                                                 r"\bconftest\b", r"\bctypes\b")))
 
 
 class EditError(ValueError):
@@ -104,6 +111,19 @@ def episode_changes(base: dict[str, str], episode_dir: os.PathLike | str,
   return changes
 
 
+def added_lines(before: str | None, after: str | None) -> list[str]:
+  """Lines of `after` that `before` does not have at that place (a diff's + lines)."""
+  a, b = (before or "").splitlines(), (after or "").splitlines()
+  return [line for line in difflib.unified_diff(a, b, lineterm="", n=0)
+          if line.startswith("+") and not line.startswith("+++")]
+
+
+def reaches_for_harness(base: dict[str, str], changes: dict[str, str | None]) -> bool:
+  """Whether an added line names what only tampering with the test run needs."""
+  return any(_TAMPER.search(line) for path, text in changes.items()
+             for line in added_lines(base.get(path), text))
+
+
 @dataclasses.dataclass(frozen=True)
 class Grade:
   """The verdict on one episode.
@@ -114,6 +134,9 @@ class Grade:
     f2p_fraction: f2p_passed / |FAIL_TO_PASS|.
     changed: the non-test files the episode changed (what was graded).
     status: the sandbox status of the grading run.
+    tampered: an added line names the test machinery (pytest, `__main__`, frames,
+      `sys.modules`, ...). The library's code runs in the same process as pytest, so a
+      change can forge the verdicts; this flag, not `resolved`, is what shows it.
   """
   resolved: bool
   f2p_passed: int
@@ -121,6 +144,7 @@ class Grade:
   f2p_fraction: float
   changed: tuple[str, ...]
   status: str
+  tampered: bool = False
 
 
 def grade_many(tasks: Sequence[SweTask], trees: Sequence[os.PathLike | str],
@@ -128,7 +152,7 @@ def grade_many(tasks: Sequence[SweTask], trees: Sequence[os.PathLike | str],
                test_dirs: Sequence[Sequence[str]], timeout_s: float | None = None
                ) -> list[Grade]:
   """Grades episodes (in parallel on the suite runner's cells); see `grade`."""
-  jobs, changed = [], []
+  jobs, changed, tampered = [], [], []
   for task, tree, episode, dirs in zip(tasks, trees, episode_dirs, test_dirs):
     base = mutant_files(tree, task)
     changes = episode_changes(base, episode, dirs)
@@ -140,13 +164,16 @@ def grade_many(tasks: Sequence[SweTask], trees: Sequence[os.PathLike | str],
         fresh[path] = text
     jobs.append((fresh, [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]))
     changed.append(tuple(changes))
+    tampered.append(reaches_for_harness(base, changes))
   grades = []
-  for task, result, files in zip(tasks, suite.run_many(jobs, timeout_s), changed):
+  for task, result, files, forged in zip(tasks, suite.run_many(jobs, timeout_s), changed,
+                                         tampered):
     passed = result.passed()
     f2p = sum(t in passed for t in task.FAIL_TO_PASS)
     p2p = sum(t in passed for t in task.PASS_TO_PASS)
     grades.append(Grade(f2p == len(task.FAIL_TO_PASS) and p2p == len(task.PASS_TO_PASS),
-                        f2p, p2p, f2p / len(task.FAIL_TO_PASS), files, result.status.value))
+                        f2p, p2p, f2p / len(task.FAIL_TO_PASS), files, result.status.value,
+                        forged))
   return grades
 
 

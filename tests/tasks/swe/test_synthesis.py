@@ -140,3 +140,46 @@ def test_grading_drops_test_edits(toy_tree, toy_tasks, suite, tmp_path):
   (verdict,) = _grade_with(cheat, [task], toy_tree, suite, tmp_path)
   assert not verdict.resolved and verdict.changed == ()
   assert verdict.p2p_passed == len(task.PASS_TO_PASS) and verdict.f2p_passed == 0
+
+
+# Reaches into the driver (`__main__`) and makes every recorded outcome "passed".
+FORGE_RESULTS = """
+import sys as _s
+_m = _s.modules.get("__main__")
+class _Outcome(dict):
+    def __setitem__(self, key, value):
+        dict.__setitem__(self, key, "passed" if key == "outcome" else value)
+class _Results(dict):
+    def setdefault(self, key, default=None):
+        return dict.setdefault(self, key, _Outcome(default or {}))
+if _m is not None and hasattr(_m, "_c"):
+    _m._c.results = _Results()
+"""
+# Patches json.dumps, which the driver took before any repository code ran.
+FORGE_JSON = """
+import json as _j
+_dumps = _j.dumps
+def _forged(obj, *args, **kwargs):
+    for record in (obj.get("tests", {}) if isinstance(obj, dict) else {}).values():
+        record["outcome"] = "passed"
+    return _dumps(obj, *args, **kwargs)
+_j.dumps = _forged
+"""
+
+
+def test_forged_verdicts_are_flagged_or_fail(toy_tree, toy_tasks, suite, tmp_path):
+  task = toy_tasks[0]
+
+  def appending(code):
+    def agent(task, dest):
+      path = dest / task.mutation.file
+      path.write_text(path.read_text() + code)
+    return agent
+  (results,) = _grade_with(appending(FORGE_RESULTS), [task], toy_tree, suite, tmp_path / "r")
+  # Library code runs in pytest's process, so digging into the driver forges the verdicts
+  # (a known hole); `tampered` is the evidence a validator must act on.
+  assert results.resolved and results.tampered
+  (dumps,) = _grade_with(appending(FORGE_JSON), [task], toy_tree, suite, tmp_path / "j")
+  assert not dumps.resolved and dumps.f2p_passed == 0
+  (honest,) = _grade_with(agents.oracle, [task], toy_tree, suite, tmp_path / "o")
+  assert honest.resolved and not honest.tampered
