@@ -30,6 +30,11 @@ INSTALL_REQUIRES = [
     "jaxtyping==0.3.11",
     "tqdm==4.70.1",
     "tensorboardX==2.6.5",
+    # SWE domain: bug injection into real libraries (evotrainer/tasks/swe/mutate.py).
+    "libcst==1.9.0",
+    # ... and the repositories' own test suites, run by this pytest bound into sandbox
+    # cells (evotrainer/tasks/swe/runner.py); also in the test extra.
+    "pytest==9.2.0",
 ]
 
 EXTRAS = {

@@ -67,13 +67,14 @@ class CellPool:
   """`size` cells (default: one per core, EvalPlus's parallelism rule) used by threads.
 
   `map` runs keyword-argument dicts of `run_python` (less `cell`) and returns records in
-  order. Close it (or use `with`) to end the cells.
+  order. `modules`: see `Cell`. Close it (or use `with`) to end the cells.
   """
 
   def __init__(self, size: int | None = None, cell_limits: CellLimits = CellLimits(), *,
-               rlimits_only: bool = False):
+               rlimits_only: bool = False, modules: Sequence[str] = ()):
     self.size = size or os.cpu_count() or 1
-    self._cells = [Cell(cell_limits, rlimits_only=rlimits_only) for _ in range(self.size)]
+    self._cells = [Cell(cell_limits, rlimits_only=rlimits_only, modules=tuple(modules))
+                   for _ in range(self.size)]
     self._free: queue.Queue[Cell] = queue.Queue()
     for cell in self._cells:
       self._free.put(cell)

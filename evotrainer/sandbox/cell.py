@@ -16,6 +16,7 @@ its processes are counted (RLIMIT_NPROC) and killed by.
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ UID_BLOCK = 64
 UID_BLOCKS = 4096
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 CELL_WORKER = "/opt/sandbox/worker.py"
+CELL_LIB = "/opt/sandbox/lib"   # where `Cell(modules=...)` binds host modules, read-only
 LOCK_DIR = os.path.join(tempfile.gettempdir(), "evotrainer-sandbox-uids")
 # Worth importing once in the worker: the forked runs then find them loaded.
 PRELOAD = ("math", "re", "collections", "itertools", "functools", "heapq", "bisect",
@@ -140,6 +142,28 @@ class _UidBlock:
     os.close(self.fd)
 
 
+def module_paths(names: tuple[str, ...] | list[str]) -> list[str]:
+  """Host paths (a package's directory or a module's file) of top-level modules.
+
+  Raises:
+    SandboxError: a name is not a top-level module importable here as a plain file or
+      package directory (a namespace package or a built-in cannot be bound).
+  """
+  paths = []
+  for name in names:
+    if not name.isidentifier():
+      raise SandboxError(f"Cell(modules=...): {name!r} is not a top-level module name")
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin in (None, "built-in", "frozen"):
+      raise SandboxError(f"Cell(modules=...): module {name!r} is not importable from a "
+                         "file here (install it, or drop it from the list)")
+    if spec.submodule_search_locations:
+      paths.append(os.path.dirname(spec.origin))
+    else:
+      paths.append(spec.origin)
+  return paths
+
+
 class Cell:
   """A sandbox cell; runs programs one at a time (thread-safe, serialized).
 
@@ -147,11 +171,17 @@ class Cell:
     cell_limits: limits of the whole cell (tmpfs size, cgroup memory and pids).
     rlimits_only: run without namespaces (no bwrap) when they are unavailable; every run
       then logs a warning and its record has `isolated=False`. Unsafe for hostile code.
+    modules: top-level modules of the host's environment that runs may import (e.g.
+      `("pytest", "_pytest", "pluggy", "iniconfig", "packaging")` to run a test suite);
+      each is bound read-only into the cell and put on the runs' `sys.path` after the
+      run's own directory. Nothing else of the host's site-packages is visible.
   """
 
-  def __init__(self, cell_limits: CellLimits = CellLimits(), *, rlimits_only: bool = False):
+  def __init__(self, cell_limits: CellLimits = CellLimits(), *, rlimits_only: bool = False,
+               modules: tuple[str, ...] | list[str] = ()):
     self.cell_limits = cell_limits
     self.rlimits_only = rlimits_only
+    self.module_paths = module_paths(modules)
     if not rlimits_only:
       check_namespaces()
     self._lock = threading.Lock()
@@ -171,11 +201,26 @@ class Cell:
     uid_base = self._uids.base if drop_uid else os.geteuid()
     exe, prefix = interpreter()
     config = {"uid_base": uid_base, "uid_count": UID_BLOCK, "drop_uid": drop_uid,
-              "root": "/tmp", "preload": PRELOAD}
+              "root": "/tmp", "preload": PRELOAD,
+              "path": [CELL_LIB] if self.module_paths else []}
     if self.rlimits_only:
       self._host_root = tempfile.mkdtemp(prefix="evotrainer-cell-")
       os.chmod(self._host_root, 0o755)
       config["root"] = self._host_root
+      if self.module_paths:
+        # No mount namespace to bind into: a copy stands in for CELL_LIB (a link would
+        # not do: the runs' uid may not traverse the host folders above the module).
+        lib = os.path.join(self._host_root, "_lib")
+        os.mkdir(lib)
+        os.chmod(lib, 0o755)
+        for path in self.module_paths:
+          target = os.path.join(lib, os.path.basename(path))
+          if os.path.isdir(path):
+            shutil.copytree(path, target, ignore=shutil.ignore_patterns("__pycache__"))
+          else:
+            shutil.copy(path, target)
+        subprocess.run(["chmod", "-R", "a+rX", lib], check=True)
+        config["path"] = [lib]
       cmd = [exe, "-I", "-S", "-B", WORKER, json.dumps(config)]
       env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
       cwd = self._host_root
@@ -223,6 +268,11 @@ class Cell:
       for depth in range(1, len(parts)):
         cmd += ["--perms", "0755", "--dir", "/" + "/".join(parts[:depth])]
       cmd += ["--ro-bind", prefix, prefix]
+    if self.module_paths:
+      for folder in ("/opt", "/opt/sandbox", CELL_LIB):
+        cmd += ["--perms", "0755", "--dir", folder]
+      for path in self.module_paths:
+        cmd += ["--ro-bind", path, f"{CELL_LIB}/{os.path.basename(path)}"]
     cmd += ["--ro-bind", WORKER, CELL_WORKER, "--proc", "/proc", "--dev", "/dev",
             "--size", str(self.cell_limits.tmp_mb << 20), "--tmpfs", "/tmp",
             "--size", str(16 << 20), "--tmpfs", "/dev/shm",

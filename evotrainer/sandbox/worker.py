@@ -75,6 +75,7 @@ class Worker:
     # to drop to; the run is then ended by killing the worker's descendants instead.
     self.drop_uid = config["drop_uid"]
     self.root = config["root"]
+    self.path = list(config.get("path", ()))  # host modules bound for the runs (Cell)
     self.runs = 0
     self._main = None      # the pid of the running program's main process
     self._reaped = {}
@@ -170,7 +171,7 @@ class Worker:
         os.setresuid(uid, uid, uid)
       os.chdir(workdir)
       os.environ["HOME"] = os.environ["TMPDIR"] = workdir
-      _exec_main(os.path.join(workdir, "main.py"), request["argv"])
+      _exec_main(os.path.join(workdir, "main.py"), request["argv"], self.path)
     except BaseException:
       pass
     os._exit(255)
@@ -342,10 +343,12 @@ def _drain(fd, buf, cap, truncated, key):
     return
 
 
-def _exec_main(path, argv):
-  """Runs `path` as `__main__` the way `python -I -S path argv...` would, then exits."""
+def _exec_main(path, argv, extra_path=()):
+  """Runs `path` as `__main__` the way `python -I -S path argv...` would, then exits;
+  `extra_path` (the cell's bound modules) follows the program's own directory."""
   sys.argv = [path, *argv]
-  sys.path[:] = [os.path.dirname(path)] + [p for p in sys.path if p.startswith(sys.prefix)]
+  sys.path[:] = ([os.path.dirname(path)] + list(extra_path) +
+                 [p for p in sys.path if p.startswith(sys.prefix)])
   sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
                                encoding="utf-8", errors="strict")
   sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)),

@@ -1,0 +1,27 @@
+"""The SWE domain's tasks: bugs synthesized offline in real Python repositories.
+
+A leaf (no JAX): repository code only ever runs in the sandbox (`runner.py`).
+
+  sources.py  the pinned source distributions (third_party/swe_sources.json): pip
+              download into a cache, sha256 check, extraction.
+  runner.py   a repository's pytest suite run in sandbox cells; per-test outcomes.
+  mutate.py   libcst bug injection: operator swap, constant change, inverted condition,
+              removed statement, swapped arguments.
+  synth.py    stable tests -> mutants -> FAIL_TO_PASS / PASS_TO_PASS -> issue text.
+  records.py  `SweTask` and its SWE-bench-format JSONL.
+  repo.py     the episode's checkout (the mutant as the only commit) and grading (the
+              episode's non-test changes over pristine tests, F2P + P2P).
+  splits.py   train / validation / test, disjoint by repository version and function.
+  agents.py   the oracle (inverse edit) and the random agent: tests of the environment.
+"""
+
+from evotrainer.tasks.swe.records import Mutation, SweTask, TaskFormatError, read_jsonl, write_jsonl
+from evotrainer.tasks.swe.repo import Grade, checkout, grade, grade_many
+from evotrainer.tasks.swe.runner import SuiteRunner
+from evotrainer.tasks.swe.sources import Source, SourceError, fetch, load_manifest
+from evotrainer.tasks.swe.splits import assign_splits
+from evotrainer.tasks.swe.synth import SynthConfig, SynthesisError, synthesize
+
+__all__ = ["Mutation", "SweTask", "TaskFormatError", "read_jsonl", "write_jsonl", "Grade",
+           "checkout", "grade", "grade_many", "SuiteRunner", "Source", "SourceError", "fetch",
+           "load_manifest", "assign_splits", "SynthConfig", "SynthesisError", "synthesize"]

@@ -1,0 +1,66 @@
+"""Scripted agents that test the environment: an oracle and a random editor.
+
+The oracle knows the mutation and applies the inverse edit with the same exact-match
+search/replace the policy's tool will use; graded by the real grader it must resolve
+~every synthesized task (a task it fails is a broken task). The random agent makes a few
+random line edits to random non-test Python files; it must resolve ~none (a task it
+solves has tests that do not judge the bug). Both act on an episode's checkout in place.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import random
+
+from evotrainer.tasks.swe import repo as repo_lib
+from evotrainer.tasks.swe.records import SweTask
+
+
+def oracle(task: SweTask, repo_dir: os.PathLike | str) -> list[str]:
+  """Undoes the task's mutation in `repo_dir`; returns the edited files.
+
+  Raises:
+    ValueError: the task carries no mutation (it was not synthesized here).
+    repo_lib.EditError: the mutated text is not in the file exactly once.
+  """
+  m = task.mutation
+  if m is None:
+    raise ValueError(f"{task.instance_id}: no mutation known; the oracle cannot act")
+  path = pathlib.Path(repo_dir) / m.file
+  path.write_text(repo_lib.search_replace(path.read_text(), m.replace, m.search,
+                                          f"{task.instance_id}: {m.file}"))
+  return [m.file]
+
+
+def random_agent(repo_dir: os.PathLike | str, rng: random.Random, edits: int = 3,
+                 test_dirs=("tests",)) -> list[str]:
+  """Makes `edits` random edits (delete, duplicate or swap lines; change a character)
+  to random non-test Python files of `repo_dir`; returns the edited files."""
+  root = pathlib.Path(repo_dir)
+  candidates = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py")
+                      if ".git" not in p.parts and
+                      not repo_lib.is_test_path(p.relative_to(root).as_posix(), test_dirs))
+  edited = []
+  for _ in range(edits):
+    if not candidates:
+      break
+    rel = rng.choice(candidates)
+    path = root / rel
+    lines = path.read_text().splitlines(keepends=True)
+    if not lines:
+      continue
+    i = rng.randrange(len(lines))
+    action = rng.choice(("delete", "duplicate", "swap", "char"))
+    if action == "delete":
+      del lines[i]
+    elif action == "duplicate":
+      lines.insert(i, lines[i])
+    elif action == "swap" and i + 1 < len(lines):
+      lines[i], lines[i + 1] = lines[i + 1], lines[i]
+    elif lines[i].strip():
+      j = rng.randrange(len(lines[i].rstrip("\n")) or 1)
+      lines[i] = lines[i][:j] + rng.choice("01+-<>=() x") + lines[i][j + 1:]
+    path.write_text("".join(lines))
+    edited.append(rel)
+  return edited

@@ -1,0 +1,101 @@
+"""A toy library with its own pytest tests, written in tmp (fast SWE tests), and a suite
+runner on sandbox cells shared by the session."""
+
+from __future__ import annotations
+
+import pathlib
+import textwrap
+
+import pytest
+
+from evotrainer import sandbox
+from evotrainer.tasks.swe import runner as runner_lib
+from evotrainer.tasks.swe.sources import Source
+
+TOY_LIB = textwrap.dedent('''\
+    """A toy library."""
+
+
+    def add(a, b):
+        return a + b
+
+
+    def clamp(x, lo, hi):
+        if x < lo:
+            return lo
+        if x > hi:
+            return hi
+        return x
+
+
+    def total(items):
+        s = 0
+        for item in items:
+            s += item
+        return s
+
+
+    def scale(values, factor):
+        return [v * factor for v in values]
+    ''')
+
+TOY_TESTS = textwrap.dedent('''\
+    from toylib import add, clamp, scale, total
+
+
+    def test_add():
+        assert add(2, 3) == 5
+
+
+    def test_add_negative():
+        assert add(-1, 1) == 0
+
+
+    def test_clamp_low():
+        assert clamp(-5, 0, 10) == 0
+
+
+    def test_clamp_high():
+        assert clamp(50, 0, 10) == 10
+
+
+    def test_clamp_mid():
+        assert clamp(5, 0, 10) == 5
+
+
+    def test_total():
+        assert total([1, 2, 3]) == 6
+
+
+    def test_scale():
+        assert scale([1, 2], 3) == [3, 6]
+    ''')
+
+TOY = Source("toylib", "0.1.0", "toylib-0.1.0.tar.gz", "0" * 64, ("toylib",), ("tests",))
+TOY_TEST_IDS = {f"tests/test_toylib.py::{name}" for name in (
+    "test_add", "test_add_negative", "test_clamp_low", "test_clamp_high", "test_clamp_mid",
+    "test_total", "test_scale")}
+
+
+def write_toy(root: pathlib.Path) -> pathlib.Path:
+  (root / "toylib").mkdir(parents=True)
+  (root / "toylib" / "__init__.py").write_text(TOY_LIB)
+  (root / "tests").mkdir()
+  (root / "tests" / "test_toylib.py").write_text(TOY_TESTS)
+  (root / "pyproject.toml").write_text('[project]\nname = "toylib"\nversion = "0.1.0"\n')
+  return root
+
+
+@pytest.fixture(scope="session")
+def toy_tree(tmp_path_factory) -> pathlib.Path:
+  return write_toy(tmp_path_factory.mktemp("toy") / "toylib-0.1.0")
+
+
+@pytest.fixture(scope="session")
+def suite():
+  try:
+    sandbox.check_namespaces()
+  except sandbox.SandboxUnavailable as e:
+    pytest.skip(str(e))
+  with runner_lib.SuiteRunner(workers=2, timeout_s=60) as s:
+    yield s
