@@ -13,6 +13,10 @@ A leaf (no JAX): repository code only ever runs in the sandbox (`runner.py`).
               episode's non-test changes over pristine tests, F2P + P2P).
   splits.py   train / validation / test, disjoint by repository version and function.
   agents.py   the oracle (inverse edit) and the random agent: tests of the environment.
+  tools.py    the episode's tools (list_dir, read_file, grep, search_replace, run_tests,
+              submit) on its checkout, and the call syntax (one ```tool JSON block a turn).
+  episode.py  one episode's turns, budgets and stop reasons; its `info` record and reward
+              parts (resolved, F2P fraction, tamper, tool-call validity).
 """
 
 from evotrainer.tasks.swe.records import Mutation, SweTask, TaskFormatError, read_jsonl, write_jsonl

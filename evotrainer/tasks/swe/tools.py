@@ -1,0 +1,312 @@
+"""The episode's tools, and the call syntax the model writes to use them.
+
+Call syntax: one call per model turn, as one fenced block tagged `tool` holding one JSON
+object `{"tool": NAME, "args": {...}}` (`args` may be left out when a tool takes none):
+
+    ```tool
+    {"tool": "read_file", "args": {"path": "toylib/__init__.py", "start": 1, "end": 40}}
+    ```
+
+Text around the block is the model's own (its reasoning); it is not read. No block, two
+blocks, a block that is not such an object, an unknown tool, a missing, unknown or
+mistyped argument: each is a `CallError` whose message is the observation the model
+gets back (`Workspace.execute` never raises on model input).
+
+Tools (paths are relative to the repository root, "/" separated):
+  list_dir(path=".")                         entries, folders with a trailing "/"
+  read_file(path, start=1, end=start+199)    numbered lines `start..end` (1-based, inclusive)
+  grep(pattern, path=".")                    lines containing `pattern` (a fixed string,
+                                             not a regex: model text never drives a regex
+                                             engine on the host), as `path:line: text`
+  search_replace(path, search, replace)      `search` must occur exactly once in the file
+                                             (exact match); else the file is left as is
+                                             and the observation says how many times
+  run_tests(tests=[])                        pytest node ids or test files; [] runs the
+                                             task's test folders. Runs in a sandbox cell
+                                             (`runner.SuiteRunner`), never on the host
+  submit()                                   ends the episode; grading follows
+
+A path that is absolute, climbs out with "..", reaches outside the repository through a
+symlink, or names `.git` is refused (the observation says so); the refusal is recorded,
+and the leak validator reads such attempts (`validators.SWE_OUTSIDE_REPO`). Every
+observation is capped at `ToolConfig.max_output_chars` and ends with a note when cut.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+from typing import Optional, Sequence
+
+from evotrainer.tasks.swe import repo as repo_lib
+from evotrainer.tasks.swe import runner as runner_lib
+
+FENCE = re.compile(r"```tool[ \t]*\r?\n(.*?)```", re.S)
+MAX_CALL_CHARS = 20_000    # a longer block is refused unread (a cost bound on model text)
+MAX_MODEL_CHARS = 200_000  # only this much of a turn's text is searched for the block
+SKIP = {".git", "__pycache__", ".pytest_cache"}
+
+# name -> {argument: (accepted types, required)}
+TOOL_ARGS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
+    "list_dir": {"path": ((str,), False)},
+    "read_file": {"path": ((str,), True), "start": ((int,), False), "end": ((int,), False)},
+    "grep": {"pattern": ((str,), True), "path": ((str,), False)},
+    "search_replace": {"path": ((str,), True), "search": ((str,), True),
+                       "replace": ((str,), True)},
+    "run_tests": {"tests": ((list,), False)},
+    "submit": {},
+}
+TOOLS = tuple(TOOL_ARGS)
+
+
+class CallError(ValueError):
+  """A turn whose text is not a valid call; the message is the observation."""
+
+
+class PathRefused(CallError):
+  """A path outside the repository (absolute, `..`, a symlink out, `.git`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+  """One parsed call: the tool's name and its arguments (validated against `TOOL_ARGS`)."""
+  name: str
+  args: dict
+
+  def key(self) -> str:
+    """A canonical text of the call: equal calls have equal keys (the echo-trap test)."""
+    return json.dumps({"tool": self.name, "args": self.args}, sort_keys=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolConfig:
+  """Knobs of the tools.
+
+  Attributes:
+    max_output_chars: an observation longer than this is cut, and says so.
+    read_lines: lines `read_file` shows when no `end` is given.
+    grep_matches: the most matching lines `grep` lists.
+    test_timeout_s: wall-clock limit of one `run_tests` run in the sandbox.
+  """
+  max_output_chars: int = 4000
+  read_lines: int = 200
+  grep_matches: int = 50
+  test_timeout_s: float = 60.0
+
+
+def parse_call(text: str) -> ToolCall:
+  """The call in one model turn (see the module docstring for the syntax).
+
+  Raises:
+    CallError: no block, several blocks, bad JSON, an unknown tool or bad arguments; the
+      message tells the model what was expected.
+  """
+  blocks = FENCE.findall(text[:MAX_MODEL_CHARS])
+  if not blocks:
+    raise CallError('no tool call: write one block per turn:\n```tool\n'
+                    '{"tool": NAME, "args": {...}}\n```')
+  if len(blocks) > 1:
+    raise CallError(f"{len(blocks)} tool blocks in one turn; write exactly one")
+  body = blocks[0].strip()
+  if len(body) > MAX_CALL_CHARS:
+    raise CallError(f"the tool block has {len(body)} characters (at most {MAX_CALL_CHARS})")
+  try:
+    obj = json.loads(body)
+  except (ValueError, RecursionError) as e:
+    raise CallError(f"the tool block is not JSON: {str(e)[:200]}") from None
+  if not isinstance(obj, dict) or not isinstance(obj.get("tool"), str):
+    raise CallError('the tool block must be one JSON object {"tool": NAME, "args": {...}}')
+  extra = sorted(set(obj) - {"tool", "args"})
+  if extra:
+    raise CallError(f"unknown key(s) {extra} in the call; only 'tool' and 'args'")
+  name, args = obj["tool"], obj.get("args", {})
+  if name not in TOOL_ARGS:
+    raise CallError(f"unknown tool {name[:80]!r}; tools: {', '.join(TOOLS)}")
+  if not isinstance(args, dict):
+    raise CallError(f"{name}: 'args' must be a JSON object")
+  spec = TOOL_ARGS[name]
+  unknown = sorted(set(args) - set(spec))
+  if unknown:
+    raise CallError(f"{name}: unknown argument(s) {unknown}; it takes {sorted(spec) or 'none'}")
+  for arg, (types, required) in spec.items():
+    if arg not in args:
+      if required:
+        raise CallError(f"{name}: missing argument {arg!r}")
+      continue
+    value = args[arg]
+    if isinstance(value, bool) or not isinstance(value, types):
+      raise CallError(f"{name}: argument {arg!r} must be {types[0].__name__}, got "
+                      f"{type(value).__name__}")
+  return ToolCall(name, dict(args))
+
+
+def cap(text: str, max_chars: int) -> str:
+  """`text`, or its first `max_chars` characters and a note saying how much was cut."""
+  if len(text) <= max_chars:
+    return text
+  return (text[:max_chars] + f"\n[output cut: showing {max_chars} of {len(text)} "
+          f"characters]")
+
+
+class Workspace:
+  """The tools acting on one episode's copy of a task's repository (`repo.checkout`).
+
+  Args:
+    root: the episode's repository.
+    suite: runs `run_tests` in sandbox cells.
+    test_dirs: the task's test folders (what `run_tests` with no tests runs).
+    config: see `ToolConfig`.
+  """
+
+  def __init__(self, root: os.PathLike | str, suite: runner_lib.SuiteRunner,
+               test_dirs: Sequence[str] = ("tests",), config: ToolConfig = ToolConfig()):
+    self.root = pathlib.Path(root).resolve()
+    self.suite, self.test_dirs, self.config = suite, tuple(test_dirs), config
+
+  # ---------------------------------------------------------------- paths
+
+  def resolve(self, path: str) -> pathlib.Path:
+    """The file or folder `path` names inside the repository.
+
+    Raises:
+      PathRefused: absolute, `..`, a symlink leading out, `.git`, or a NUL in the path.
+    """
+    if "\x00" in path:
+      raise PathRefused(f"{path[:80]!r}: not a valid path")
+    pure = pathlib.PurePosixPath(path)
+    if pure.is_absolute() or path.startswith("~") or ".." in pure.parts:
+      raise PathRefused(f"{path[:200]!r}: outside the repository (paths are relative to "
+                        f"its root; no '..', no absolute paths)")
+    if ".git" in pure.parts:
+      raise PathRefused(f"{path[:200]!r}: the repository's .git folder is not readable "
+                        f"through the tools")
+    full = (self.root / pure).resolve()
+    if full != self.root and self.root not in full.parents:
+      raise PathRefused(f"{path[:200]!r}: leads outside the repository (a symlink)")
+    return full
+
+  def _rel(self, full: pathlib.Path) -> str:
+    return full.relative_to(self.root).as_posix() or "."
+
+  def _text(self, path: str) -> tuple[pathlib.Path, str]:
+    full = self.resolve(path)
+    if not full.is_file():
+      raise CallError(f"{path[:200]!r}: no such file")
+    if full.stat().st_size > runner_lib.MAX_FILE_BYTES:
+      raise CallError(f"{path[:200]!r}: larger than {runner_lib.MAX_FILE_BYTES} bytes")
+    try:
+      return full, full.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+      raise CallError(f"{path[:200]!r}: not a UTF-8 text file") from None
+
+  # ---------------------------------------------------------------- tools
+
+  def list_dir(self, path: str = ".") -> str:
+    full = self.resolve(path)
+    if not full.is_dir():
+      raise CallError(f"{path[:200]!r}: no such folder")
+    names = []
+    for entry in sorted(full.iterdir(), key=lambda p: p.name):
+      if entry.name in SKIP:
+        continue
+      names.append(entry.name + ("/" if entry.is_dir() and not entry.is_symlink() else ""))
+    return "\n".join(names) if names else "(empty folder)"
+
+  def read_file(self, path: str, start: int = 1, end: Optional[int] = None) -> str:
+    _, text = self._text(path)
+    lines = text.splitlines()
+    end = start + self.config.read_lines - 1 if end is None else end
+    if start < 1 or end < start:
+      raise CallError(f"read_file: need 1 <= start <= end, got start={start}, end={end}")
+    if lines and start > len(lines):
+      raise CallError(f"read_file: {path[:200]!r} has {len(lines)} lines; start={start}")
+    shown = lines[start - 1:end]
+    body = "\n".join(f"{start + i:5d}| {line}" for i, line in enumerate(shown))
+    last = start + len(shown) - 1
+    return f"{path} lines {start}-{last} of {len(lines)}\n{body}"
+
+  def grep(self, pattern: str, path: str = ".") -> str:
+    if not pattern:
+      raise CallError("grep: empty pattern")
+    full = self.resolve(path)
+    if full.is_file():
+      files = {self._rel(full): self._text(path)[1]}
+    elif full.is_dir():
+      files = runner_lib.repo_files(full)
+      prefix = self._rel(full)
+      files = {(f if prefix == "." else f"{prefix}/{f}"): t for f, t in files.items()}
+    else:
+      raise CallError(f"{path[:200]!r}: no such file or folder")
+    hits, total = [], 0
+    for rel, text in sorted(files.items()):
+      for number, line in enumerate(text.splitlines(), 1):
+        if pattern in line:
+          total += 1
+          if len(hits) < self.config.grep_matches:
+            hits.append(f"{rel}:{number}: {line}")
+    if not hits:
+      return f"no line contains {pattern[:200]!r}"
+    more = (f"\n[{total - len(hits)} more matching lines not shown]"
+            if total > len(hits) else "")
+    return "\n".join(hits) + more
+
+  def search_replace(self, path: str, search: str, replace: str) -> str:
+    full, text = self._text(path)
+    count = text.count(search) if search else 0
+    if count != 1:
+      why = "it is not in the file" if count == 0 else f"it occurs {count} times"
+      raise CallError(f"search_replace: the search text must occur exactly once in "
+                      f"{path[:200]!r}; {why} (nothing was changed)" +
+                      ("; add surrounding lines to make it unique" if count > 1 else ""))
+    full.write_text(repo_lib.search_replace(text, search, replace, path), encoding="utf-8")
+    rel = self._rel(full)
+    note = (" (a test file: changes to test files are not graded)"
+            if repo_lib.is_test_path(rel, self.test_dirs) else "")
+    line = text[:text.index(search)].count("\n") + 1
+    return f"replaced 1 occurrence in {rel} at line {line}{note}"
+
+  def run_tests(self, tests: Sequence = ()) -> str:
+    if not all(isinstance(t, str) and t for t in tests):
+      raise CallError("run_tests: 'tests' must be a list of test ids or files (strings)")
+    for t in tests:
+      if t.startswith("-"):
+        raise CallError(f"run_tests: {t[:80]!r} is an option, not a test")
+      target = self.resolve(t.split("::", 1)[0])
+      if not target.exists():
+        raise CallError(f"run_tests: {t[:200]!r}: no such test file")
+    result = self.suite.run(runner_lib.repo_files(self.root), list(tests) or
+                            list(self.test_dirs), self.config.test_timeout_s)
+    return suite_summary(result)
+
+  # ---------------------------------------------------------------- dispatch
+
+  def execute(self, call: ToolCall) -> str:
+    """Runs a parsed call; returns the capped observation.
+
+    Raises:
+      CallError: a bad argument value or a refused path (the message is the observation).
+    """
+    if call.name == "submit":
+      return "submitted"
+    out = getattr(self, call.name)(**call.args)
+    return cap(out, self.config.max_output_chars)
+
+
+def suite_summary(result: runner_lib.SuiteResult) -> str:
+  """A test run as the model sees it: counts, then each failing test and its message."""
+  counts: dict[str, int] = {}
+  for outcome in result.outcomes.values():
+    counts[outcome] = counts.get(outcome, 0) + 1
+  head = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "no test ran"
+  if result.status.value != "ok":
+    head += f" (run status: {result.status.value})"
+  lines = [head]
+  for test, outcome in sorted(result.outcomes.items()):
+    if outcome in ("failed", "error"):
+      lines.append(f"{outcome.upper()} {test}: {result.messages.get(test, '')}")
+  if not result.outcomes:
+    lines.append(result.log[-1000:])
+  return "\n".join(lines)

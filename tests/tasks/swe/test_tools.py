@@ -1,0 +1,233 @@
+"""The episode's tools on the toy repository: hand-checked observations, refused paths,
+malformed calls, stop reasons, and an oracle episode through the tools graded for real."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from evotrainer.tasks.swe import episode as episode_lib
+from evotrainer.tasks.swe import repo, synth, tools
+
+from tests.tasks.swe.conftest import TOY, TOY_LIB, write_toy
+
+
+def call(name: str, **args) -> str:
+  """A model turn making one call, with some reasoning around it."""
+  return f"Let me look.\n```tool\n{json.dumps({'tool': name, 'args': args})}\n```\nDone."
+
+
+class NoSuite:
+  """Stands in for the sandbox runner where no test may run."""
+
+  def run(self, *a, **k):
+    raise AssertionError("run_tests reached the sandbox")
+
+
+@pytest.fixture
+def ws(tmp_path):
+  root = write_toy(tmp_path / "repo")
+  (tmp_path / "secret.txt").write_text("the fix is a + b\n")
+  return tools.Workspace(root, NoSuite(), TOY.tests, tools.ToolConfig(max_output_chars=400))
+
+
+def observe(ws, text):
+  ep = episode_lib.SweEpisode(ws)
+  return ep.step(text), ep
+
+
+# ------------------------------------------------------------------ the call syntax
+
+
+def test_parse_call_accepts_one_block_and_refuses_the_rest():
+  assert tools.parse_call(call("read_file", path="a.py", start=2)) == tools.ToolCall(
+      "read_file", {"path": "a.py", "start": 2})
+  assert tools.parse_call('```tool\n{"tool": "submit"}\n```').name == "submit"
+  bad = {
+      "no block": ("just talking", "no tool call"),
+      "two": (call("submit") + call("submit"), "2 tool blocks"),
+      "json": ("```tool\n{not json}\n```", "not JSON"),
+      "list": ("```tool\n[1, 2]\n```", "one JSON object"),
+      "unknown tool": (call("rm_rf", path="."), "unknown tool 'rm_rf'"),
+      "unknown arg": (call("list_dir", path=".", depth=3), "unknown argument(s) ['depth']"),
+      "missing": (call("read_file"), "missing argument 'path'"),
+      "type": (call("read_file", path="a.py", start="1"), "'start' must be int, got str"),
+      "bool": (call("read_file", path="a.py", start=True), "'start' must be int, got bool"),
+      "extra key": ('```tool\n{"tool": "submit", "why": 1}\n```', "unknown key(s) ['why']"),
+      "long": ("```tool\n" + "[" * 15_000 + "]" * 15_000 + "\n```", "characters"),
+      "deep": ("```tool\n" + "[" * 9_000 + "]" * 9_000 + "\n```", "not JSON"),
+  }
+  for what, (text, message) in bad.items():
+    with pytest.raises(tools.CallError) as e:
+      tools.parse_call(text)
+    assert message in str(e.value), what
+
+
+def test_cap_marks_cut_output():
+  assert tools.cap("abc", 3) == "abc"
+  assert tools.cap("abcdef", 4) == "abcd\n[output cut: showing 4 of 6 characters]"
+
+
+# ------------------------------------------------------------------ each tool by hand
+
+
+def test_list_dir_and_read_file(ws):
+  obs, _ = observe(ws, call("list_dir"))
+  assert obs == "pyproject.toml\ntests/\ntoylib/"
+  obs, _ = observe(ws, call("read_file", path="toylib/__init__.py", start=4, end=5))
+  assert obs == ("toylib/__init__.py lines 4-5 of 24\n"
+                 "    4| def add(a, b):\n"
+                 "    5|     return a + b")
+  obs, _ = observe(ws, call("read_file", path="toylib/__init__.py", start=40))
+  assert obs == "error: read_file: 'toylib/__init__.py' has 24 lines; start=40"
+  obs, _ = observe(ws, call("read_file", path="nope.py"))
+  assert obs == "error: 'nope.py': no such file"
+
+
+def test_grep_is_a_fixed_string_search(ws):
+  obs, _ = observe(ws, call("grep", pattern="clamp(", path="tests"))
+  assert obs.splitlines() == [
+      "tests/test_toylib.py:13:     assert clamp(-5, 0, 10) == 0",
+      "tests/test_toylib.py:17:     assert clamp(50, 0, 10) == 10",
+      "tests/test_toylib.py:21:     assert clamp(5, 0, 10) == 5"]
+  obs, _ = observe(ws, call("grep", pattern="(.*)+$"))  # a regex is only text here
+  assert obs == "no line contains '(.*)+$'"
+  ws.config = tools.ToolConfig(grep_matches=2)
+  obs, _ = observe(ws, call("grep", pattern="def "))
+  assert obs.splitlines()[:2] == ["tests/test_toylib.py:4: def test_add():",
+                                  "tests/test_toylib.py:8: def test_add_negative():"]
+  assert obs.splitlines()[2] == "[9 more matching lines not shown]"  # 7 tests + 4 functions
+
+
+def test_search_replace_exactly_once(ws):
+  path = ws.root / "toylib" / "__init__.py"
+  obs, _ = observe(ws, call("search_replace", path="toylib/__init__.py",
+                            search="return a + b", replace="return a - b"))
+  assert obs == "replaced 1 occurrence in toylib/__init__.py at line 5"
+  assert path.read_text() == TOY_LIB.replace("a + b", "a - b")
+  obs, _ = observe(ws, call("search_replace", path="toylib/__init__.py",
+                            search="return a + b", replace="x"))
+  assert obs == ("error: search_replace: the search text must occur exactly once in "
+                 "'toylib/__init__.py'; it is not in the file (nothing was changed)")
+  obs, _ = observe(ws, call("search_replace", path="toylib/__init__.py",
+                            search="        return ", replace="x"))
+  assert "it occurs 2 times (nothing was changed); add surrounding lines" in obs
+  assert path.read_text() == TOY_LIB.replace("a + b", "a - b")
+  obs, _ = observe(ws, call("search_replace", path="tests/test_toylib.py",
+                            search="clamp(5, 0, 10) == 5", replace="clamp(5, 0, 10) == 6"))
+  assert obs.endswith("(a test file: changes to test files are not graded)")
+
+
+def test_paths_out_of_the_repository_are_refused(ws, tmp_path):
+  os.symlink(tmp_path / "secret.txt", ws.root / "link.txt")
+  os.symlink(tmp_path, ws.root / "up")
+  escapes = ["../secret.txt", "/etc/passwd", str(tmp_path / "secret.txt"),
+             "toylib/../../secret.txt", "link.txt", "up/secret.txt", ".git/config",
+             "~/.bashrc"]
+  for path in escapes:
+    for text in (call("read_file", path=path), call("list_dir", path=path),
+                 call("grep", pattern="fix", path=path),
+                 call("search_replace", path=path, search="a", replace="b"),
+                 call("run_tests", tests=[path + "::test_x"])):
+      obs, ep = observe(ws, text)
+      assert obs.startswith("error: ") and "the fix" not in obs, (path, obs)
+      assert ep.turns[-1].refused_path and ep.info()["refused_paths"] == 1, (path, obs)
+  assert (tmp_path / "secret.txt").read_text() == "the fix is a + b\n"
+  obs, _ = observe(ws, call("grep", pattern="the fix"))  # the symlinks are skipped
+  assert obs == "no line contains 'the fix'"
+
+
+def test_run_tests_refuses_options_and_missing_files(ws):
+  obs, _ = observe(ws, call("run_tests", tests=["-p", "evil"]))
+  assert obs == "error: run_tests: '-p' is an option, not a test"
+  obs, _ = observe(ws, call("run_tests", tests=["tests/test_nope.py"]))
+  assert obs == "error: run_tests: 'tests/test_nope.py': no such test file"
+  obs, _ = observe(ws, call("run_tests", tests=[3]))
+  assert "must be a list of test ids" in obs
+
+
+def test_long_output_is_cut_and_marked(ws):
+  obs, _ = observe(ws, call("read_file", path="toylib/__init__.py"))
+  assert len(obs) < 500 and obs.endswith("characters]") and "[output cut: showing 400 of" in obs
+
+
+# ------------------------------------------------------------------ stop reasons
+
+
+def test_stop_reasons_and_info(ws):
+  ep = episode_lib.SweEpisode(ws, episode_lib.Budget(max_turns=4, max_errors=2, echo_k=3))
+  ep.step(call("list_dir"))
+  ep.step(call("list_dir"))
+  ep.step(call("read_file", path="pyproject.toml"))
+  assert not ep.done
+  ep.step(call("list_dir"))
+  assert ep.stop == "max_turns"
+  with pytest.raises(RuntimeError, match="stopped"):
+    ep.step(call("submit"))
+
+  echo = episode_lib.SweEpisode(ws, episode_lib.Budget(echo_k=3))
+  for _ in range(3):
+    echo.step(call("grep", pattern="def"))
+  assert echo.stop == "echo_trap" and len(echo.turns) == 3
+
+  errors = episode_lib.SweEpisode(ws, episode_lib.Budget(max_errors=2))
+  errors.step("no call at all")
+  errors.step(call("read_file", path="../x"))
+  assert errors.stop == "tool_error"
+
+  done = episode_lib.SweEpisode(ws)
+  done.step(call("nope"))
+  done.step(call("list_dir", path="toylib"))
+  done.step(call("submit"))
+  assert done.stop == "submitted"
+  assert done.info() == {
+      "turns": 3, "stop": "submitted", "submitted": True, "refused_paths": 0,
+      "tool_calls": [{"name": "list_dir", "turn": 1, "args": {"path": "toylib"}, "ok": True},
+                     {"name": "submit", "turn": 2, "args": {}, "ok": True}]}
+  assert episode_lib.tool_validity(done) == pytest.approx(2 / 3)
+  assert not episode_lib.tested_before_submit(done)
+
+
+# ------------------------------------------------------------------ real episodes
+
+
+@pytest.fixture(scope="module")
+def toy_task(toy_tree, suite):
+  config = synth.SynthConfig(max_tasks=1, max_candidates=6, kinds=("operator_swap",),
+                             stability_runs=1)
+  tasks, stats = synth.synthesize(TOY, toy_tree, suite, config)
+  assert tasks, stats
+  return tasks[0]
+
+
+def test_oracle_through_the_tools_resolves_and_idle_submit_does_not(toy_tree, toy_task,
+                                                                    suite, tmp_path):
+  m = toy_task.mutation
+  repo.checkout(toy_tree, toy_task, tmp_path / "oracle")
+  ws = tools.Workspace(tmp_path / "oracle", suite, TOY.tests)
+  ep = episode_lib.SweEpisode(ws)
+  seen = ep.step(call("read_file", path=m.file))
+  assert m.replace.strip() in seen
+  before = ep.step(call("run_tests", tests=list(toy_task.FAIL_TO_PASS)))
+  assert before.startswith(f"{len(toy_task.FAIL_TO_PASS)} failed")
+  assert ep.step(call("search_replace", path=m.file, search=m.replace,
+                      replace=m.search)).startswith(f"replaced 1 occurrence in {m.file}")
+  after = ep.step(call("run_tests", tests=list(toy_task.FAIL_TO_PASS)))
+  assert after == f"{len(toy_task.FAIL_TO_PASS)} passed"
+  assert ep.step(call("run_tests")) == "7 passed"  # no tests named: the test folders
+  ep.step(call("submit"))
+  assert ep.stop == "submitted"
+  verdict = repo.grade(toy_task, toy_tree, tmp_path / "oracle", suite, TOY.tests)
+  assert verdict.resolved and verdict.changed == (m.file,)
+  assert episode_lib.reward_parts(verdict, ep) == {
+      "correct": 1.0, "partial": 1.0, "tamper": 0.0, "tool_validity": 1.0,
+      "tested_before_submit": 1.0}
+
+  repo.checkout(toy_tree, toy_task, tmp_path / "idle")
+  idle = episode_lib.SweEpisode(tools.Workspace(tmp_path / "idle", suite, TOY.tests))
+  idle.step(call("submit"))
+  verdict = repo.grade(toy_task, toy_tree, tmp_path / "idle", suite, TOY.tests)
+  assert not verdict.resolved and verdict.f2p_fraction == 0.0
+  assert episode_lib.reward_parts(verdict, idle)["correct"] == 0.0
