@@ -1,0 +1,173 @@
+"""SWE-domain diagnostics over tool-using episodes (registered in `diagnostics.DIAGNOSTICS`
+like every library diagnostic):
+  tool_mix          shares of search (list_dir, read_file, grep), edit (search_replace) and
+                    test (run_tests) calls, and the entropy of the tool distribution;
+                    finding when the entropy falls below the threshold (one tool only)
+  first_edit_turn   mean turn of the first successful edit, and the share of episodes
+                    that never edit; finding when that share is above the threshold
+  tool_streak       longest run of calls to the same tool per episode (mean, max);
+                    finding when the mean is above the threshold (a search loop)
+  echo_trap_rate    share of episodes stopped for repeating one call (stop 'echo_trap');
+                    finding above the threshold
+They read `info['tool_calls']` (dicts with `name`, `turn`, `ok`: tasks/swe/episode.py)
+and `info['stop']`; turns and stop reasons are the library's `turns` and
+`stop_reasons`. Each reports nothing on episodes without tool calls (math, code), so the
+library stays usable everywhere. Leaks (git history, paths outside the repository) and
+tampering are validators: `leak_detector`, `test_tampering`.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Optional, Sequence
+
+import gin
+import numpy as np
+
+from evotrainer.harness.base import Report
+from evotrainer.harness.diagnostics_base import ThresholdDiagnostic, evidence_of
+from evotrainer.types import Episode
+
+SEARCH_TOOLS = ("list_dir", "read_file", "grep")
+EDIT_TOOLS = ("search_replace",)
+TEST_TOOLS = ("run_tests",)
+
+
+def tool_episodes(episodes: Sequence[Episode]) -> list:
+  """The episodes that record tool calls (`info['tool_calls']` present)."""
+  return [ep for ep in episodes if isinstance(ep.info.get("tool_calls"), list)]
+
+
+def tool_names(ep: Episode) -> list:
+  """The episode's tool names in call order."""
+  calls = sorted(ep.info["tool_calls"], key=lambda c: c.get("turn", 0))
+  return [str(c["name"]) for c in calls]
+
+
+def longest_streak(names: Sequence[str]) -> int:
+  """The longest run of equal consecutive names (0 for none): [a, a, b, a] -> 2."""
+  best = run = 0
+  for i, name in enumerate(names):
+    run = run + 1 if i and names[i - 1] == name else 1
+    best = max(best, run)
+  return best
+
+
+def first_edit(ep: Episode) -> Optional[int]:
+  """The turn of the episode's first successful edit, None when it never edits."""
+  turns = [int(c.get("turn", 0)) for c in ep.info["tool_calls"]
+           if c["name"] in EDIT_TOOLS and c.get("ok", True)]
+  return min(turns) if turns else None
+
+
+@gin.configurable(module="harness")
+class ToolMix(ThresholdDiagnostic):
+  """Shares of search / edit / test calls over all calls, and the entropy (nats) of the
+  tool-name distribution; finding when the entropy is below `threshold` (0.3): the
+  policy has collapsed onto one tool. Evidence: the episodes with the longest streaks.
+  """
+
+  name, layer = "tool_mix", "behaviour"
+
+  def __init__(self, threshold: Optional[float] = 0.3, direction: str = "below", **kw):
+    super().__init__(threshold, direction, **kw)
+
+  def __call__(self, episodes: Sequence[Episode], context: dict) -> Report:
+    have = tool_episodes(episodes)
+    names = [n for ep in have for n in tool_names(ep)]
+    if not names:
+      return Report({})
+    counts = collections.Counter(names)
+    p = np.array(list(counts.values()), np.float64) / len(names)
+    entropy = float(-(p * np.log(p)).sum())
+    share = lambda tools: sum(counts[t] for t in tools) / len(names)  # noqa: E731
+    metrics = {"tool_search_ratio": share(SEARCH_TOOLS), "tool_edit_ratio": share(EDIT_TOOLS),
+               "tool_test_ratio": share(TEST_TOOLS), "tool_entropy": entropy,
+               "tool_calls_per_episode": len(names) / len(have)}
+    streaks = np.array([longest_streak(tool_names(ep)) for ep in have])
+    top = counts.most_common(1)[0]
+    return self.report(metrics, entropy,
+                       lambda: f"tool entropy {entropy:.3f} < {self.threshold}: "
+                               f"{top[1]} of {len(names)} calls are {top[0]}",
+                       lambda: evidence_of(have, np.argsort(-streaks, kind="stable"),
+                                           lambda e: ",".join(tool_names(e))[:40]))
+
+
+@gin.configurable(module="harness")
+class FirstEditTurn(ThresholdDiagnostic):
+  """Mean 0-based turn of the first successful edit (over episodes that edit) and the
+  share of episodes that never edit; finding when that share is above `threshold`
+  (0.5): most episodes read and run tests but never change the code.
+  """
+
+  name, layer = "first_edit_turn", "behaviour"
+
+  def __init__(self, threshold: Optional[float] = 0.5, direction: str = "above", **kw):
+    super().__init__(threshold, direction, **kw)
+
+  def __call__(self, episodes: Sequence[Episode], context: dict) -> Report:
+    have = tool_episodes(episodes)
+    if not have:
+      return Report({})
+    firsts = [first_edit(ep) for ep in have]
+    edited = [f for f in firsts if f is not None]
+    never = 1.0 - len(edited) / len(have)
+    metrics = {"no_edit_share": never}
+    if edited:
+      metrics["first_edit_turn"] = float(np.mean(edited))
+    return self.report(metrics, never,
+                       lambda: f"{never:.3f} of episodes never edit (> {self.threshold})",
+                       lambda: evidence_of(have, [i for i, f in enumerate(firsts)
+                                                  if f is None], tail=True))
+
+
+@gin.configurable(module="harness")
+class ToolStreak(ThresholdDiagnostic):
+  """Longest run of calls to the same tool per episode: mean and max; finding when the
+  mean is above `threshold` (5): episodes loop on one tool.
+  """
+
+  name, layer = "tool_streak", "behaviour"
+
+  def __init__(self, threshold: Optional[float] = 5.0, direction: str = "above", **kw):
+    super().__init__(threshold, direction, **kw)
+
+  def __call__(self, episodes: Sequence[Episode], context: dict) -> Report:
+    have = [ep for ep in tool_episodes(episodes) if ep.info["tool_calls"]]
+    if not have:
+      return Report({})
+    streaks = np.array([longest_streak(tool_names(ep)) for ep in have], np.float64)
+    value = float(streaks.mean())
+    return self.report({"tool_streak_mean": value, "tool_streak_max": float(streaks.max())},
+                       value, lambda: f"mean longest same-tool streak {value:.2f} > "
+                                      f"{self.threshold}",
+                       lambda: evidence_of(have, np.argsort(-streaks, kind="stable"),
+                                           lambda e: f"streak {longest_streak(tool_names(e))}",
+                                           tail=True))
+
+
+@gin.configurable(module="harness")
+class EchoTrapRate(ThresholdDiagnostic):
+  """Share of tool-using episodes stopped for repeating one call (`info['stop']` is
+  'echo_trap'); finding above `threshold` (0.1).
+  """
+
+  name, layer = "echo_trap_rate", "behaviour"
+
+  def __init__(self, threshold: Optional[float] = 0.1, direction: str = "above", **kw):
+    super().__init__(threshold, direction, **kw)
+
+  def __call__(self, episodes: Sequence[Episode], context: dict) -> Report:
+    have = tool_episodes(episodes)
+    if not have:
+      return Report({})
+    trapped = [i for i, ep in enumerate(have) if ep.info.get("stop") == "echo_trap"]
+    value = len(trapped) / len(have)
+    return self.report({"echo_trap_rate": value}, value,
+                       lambda: f"{value:.3f} of episodes stopped in an echo trap "
+                               f"(> {self.threshold})",
+                       lambda: evidence_of(have, trapped, tail=True))
+
+
+__all__ = ["EchoTrapRate", "FirstEditTurn", "ToolMix", "ToolStreak", "first_edit",
+           "longest_streak", "tool_episodes", "tool_names"]
