@@ -7,11 +7,16 @@ import json
 import os
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from evotrainer.tasks.swe import episode as episode_lib
 from evotrainer.tasks.swe import repo, synth, tools
 
+from tests.fuzz_text import FUZZ, model_text, within
 from tests.tasks.swe.conftest import TOY, TOY_LIB, write_toy
+
+TOOL_FIELDS = ("path", "start", "end", "pattern")
 
 
 def call(name: str, **args) -> str:
@@ -135,6 +140,10 @@ def test_paths_out_of_the_repository_are_refused(ws, tmp_path):
       assert obs.startswith("error: ") and "the fix" not in obs, (path, obs)
       assert ep.turns[-1].refused_path and ep.info()["refused_paths"] == 1, (path, obs)
   assert (tmp_path / "secret.txt").read_text() == "the fix is a + b\n"
+  os.symlink("loop", ws.root / "loop")  # a repository may ship odd links: no crash either
+  for path in ("loop", "loop/x", "x" * 5000):
+    obs, ep = observe(ws, call("read_file", path=path))
+    assert obs.startswith("error: ") and not ep.turns[-1].ok, (path, obs)
   obs, _ = observe(ws, call("grep", pattern="the fix"))  # the symlinks are skipped
   assert obs == "no line contains 'the fix'"
 
@@ -231,3 +240,19 @@ def test_oracle_through_the_tools_resolves_and_idle_submit_does_not(toy_tree, to
   verdict = repo.grade(toy_task, toy_tree, tmp_path / "idle", suite, TOY.tests)
   assert not verdict.resolved and verdict.f2p_fraction == 0.0
   assert episode_lib.reward_parts(verdict, idle)["correct"] == 0.0
+
+
+@FUZZ
+@given(model_text(), st.sampled_from(TOOL_FIELDS), st.text(max_size=40))
+def test_any_model_text_is_an_observation_never_a_crash(tmp_path_factory, text, field, value):
+  ws = tools.Workspace(write_toy(tmp_path_factory.mktemp("fuzz") / "repo"), NoSuite(),
+                       TOY.tests)
+  ep = episode_lib.SweEpisode(ws)
+  for turn in (text, "```tool\n" + text + "\n```",
+               call("read_file", **{field: value}), call("grep", pattern=value or "x",
+                                                         path=value)):
+    with within(what="step"):
+      obs = ep.step(turn)
+    assert isinstance(obs, str) and len(obs) <= 4000 + 60
+    if ep.done:
+      break
