@@ -186,7 +186,8 @@ SWE_GIT_HISTORY = (r"\bgit\s+log\b", r"\bgit\s+show\b", r"\bgit\s+reflog\b")
 # A tool path argument (in the completion's call or the recorded `tool_calls`) that is
 # absolute, starts at home, climbs out with "..", or names the .git folder: reading
 # outside the repository or its history. tasks/swe/tools.py refuses these calls; the
-# attempt is the evidence.
+# attempt is the evidence. (A code-domain program may hold such a literal: a domain that
+# is not SWE sets its own `LeakDetector.patterns`.)
 SWE_OUTSIDE_REPO = (r'"path"\s*:\s*"\s*(/|~|\.\.(/|"))',
                     r'"path"\s*:\s*"[^"]*/\.\.(/|")',
                     r'"path"\s*:\s*"(\./)?(?:[^"]*/)?\.git(/|")')
