@@ -5,6 +5,8 @@ search/replace the policy's tool will use; graded by the real grader it must res
 ~every synthesized task (a task it fails is a broken task). The random agent makes a few
 random line edits to random non-test Python files; it must resolve ~none (a task it
 solves has tests that do not judge the bug). Both act on an episode's checkout in place.
+`oracle_turns` is the oracle as model turns through the tools (read, fix, test, submit):
+a test of the tools, and a trajectory a supervised warm start can copy.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pathlib
 import random
 
 from evotrainer.tasks.swe import repo as repo_lib
+from evotrainer.tasks.swe import tools
 from evotrainer.tasks.swe.records import SweTask
 
 
@@ -31,6 +34,27 @@ def oracle(task: SweTask, repo_dir: os.PathLike | str) -> list[str]:
   path.write_text(repo_lib.search_replace(path.read_text(), m.replace, m.search,
                                           f"{task.instance_id}: {m.file}"))
   return [m.file]
+
+
+def oracle_turns(task: SweTask, context: int = 5) -> list[str]:
+  """The oracle's episode as model turns: read around the bug, undo it with
+  `search_replace`, run the FAIL_TO_PASS tests, submit.
+
+  Raises:
+    ValueError: the task carries no mutation.
+  """
+  m = task.mutation
+  if m is None:
+    raise ValueError(f"{task.instance_id}: no mutation known; the oracle cannot act")
+  return [
+      "Let me read the code around the failure.\n" + tools.call_text(
+          "read_file", path=m.file, start=max(1, m.line - context), end=m.line + context),
+      "This line is wrong; I fix it.\n" + tools.call_text(
+          "search_replace", path=m.file, search=m.replace, replace=m.search),
+      "Now the failing tests should pass.\n" + tools.call_text(
+          "run_tests", tests=list(task.FAIL_TO_PASS)),
+      tools.call_text("submit"),
+  ]
 
 
 def random_agent(repo_dir: os.PathLike | str, rng: random.Random, edits: int = 3,

@@ -97,6 +97,12 @@ class ToolConfig:
   test_timeout_s: float = 60.0
 
 
+def call_text(name: str, **args) -> str:
+  """A call written in the documented syntax (what scripted agents and the warm start
+  write): `call_text("submit")` is a ```tool block holding {"tool": "submit", "args": {}}."""
+  return "```tool\n" + json.dumps({"tool": name, "args": args}) + "\n```"
+
+
 def parse_call(text: str) -> ToolCall:
   """The call in one model turn (see the module docstring for the syntax).
 

@@ -3,7 +3,6 @@ malformed calls, stop reasons, and an oracle episode through the tools graded fo
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -11,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evotrainer.tasks.swe import episode as episode_lib
-from evotrainer.tasks.swe import repo, synth, tools
+from evotrainer.tasks.swe import agents, repo, synth, tools
 
 from tests.fuzz_text import FUZZ, model_text, within
 from tests.tasks.swe.conftest import TOY, TOY_LIB, write_toy
@@ -21,7 +20,7 @@ TOOL_FIELDS = ("path", "start", "end", "pattern")
 
 def call(name: str, **args) -> str:
   """A model turn making one call, with some reasoning around it."""
-  return f"Let me look.\n```tool\n{json.dumps({'tool': name, 'args': args})}\n```\nDone."
+  return f"Let me look.\n{tools.call_text(name, **args)}\nDone."
 
 
 class NoSuite:
@@ -217,17 +216,14 @@ def test_oracle_through_the_tools_resolves_and_idle_submit_does_not(toy_tree, to
   repo.checkout(toy_tree, toy_task, tmp_path / "oracle")
   ws = tools.Workspace(tmp_path / "oracle", suite, TOY.tests)
   ep = episode_lib.SweEpisode(ws)
-  seen = ep.step(call("read_file", path=m.file))
-  assert m.replace.strip() in seen
   before = ep.step(call("run_tests", tests=list(toy_task.FAIL_TO_PASS)))
-  assert before.startswith(f"{len(toy_task.FAIL_TO_PASS)} failed")
-  assert ep.step(call("search_replace", path=m.file, search=m.replace,
-                      replace=m.search)).startswith(f"replaced 1 occurrence in {m.file}")
-  after = ep.step(call("run_tests", tests=list(toy_task.FAIL_TO_PASS)))
-  assert after == f"{len(toy_task.FAIL_TO_PASS)} passed"
+  assert before.startswith(f"{len(toy_task.FAIL_TO_PASS)} failed\nFAILED ")
+  read, fix, test, submit = agents.oracle_turns(toy_task)
+  assert m.replace.strip() in ep.step(read)
+  assert ep.step(fix).startswith(f"replaced 1 occurrence in {m.file} at line")
+  assert ep.step(test) == f"{len(toy_task.FAIL_TO_PASS)} passed"
   assert ep.step(call("run_tests")) == "7 passed"  # no tests named: the test folders
-  ep.step(call("submit"))
-  assert ep.stop == "submitted"
+  assert ep.step(submit) == "submitted" and ep.stop == "submitted"
   verdict = repo.grade(toy_task, toy_tree, tmp_path / "oracle", suite, TOY.tests)
   assert verdict.resolved and verdict.changed == (m.file,)
   assert episode_lib.reward_parts(verdict, ep) == {
