@@ -178,10 +178,11 @@ class Workspace:
     """The file or folder `path` names inside the repository.
 
     Raises:
-      PathRefused: absolute, `..`, a symlink leading out, `.git`, or a NUL in the path.
+      PathRefused: absolute, `..`, a symlink leading out, `.git`.
+      CallError: a NUL in the path, a symlink loop.
     """
     if "\x00" in path:
-      raise PathRefused(f"{path[:80]!r}: not a valid path")
+      raise CallError(f"{path[:80]!r}: not a valid path")
     pure = pathlib.PurePosixPath(path)
     if pure.is_absolute() or path.startswith("~") or ".." in pure.parts:
       raise PathRefused(f"{path[:200]!r}: outside the repository (paths are relative to "
