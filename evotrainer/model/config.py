@@ -52,7 +52,10 @@ class ModelConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"
   remat: bool = False
-  attention_impl: str = "dense"
+  attention_impl: str = "dense"  # ATTENTION_IMPLS; a run choice, not part of the weights
+  # Cache-free forwards (learner, forward_logits) run the layers as one lax.scan: compile
+  # time flat in depth. Calls with a KV cache (the sampler) stay unrolled.
+  scan_layers: bool = False
 
   def __post_init__(self):
     if self.architecture not in ARCHITECTURES:

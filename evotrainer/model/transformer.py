@@ -352,6 +352,28 @@ def _sliced_block_no_cache(query_slice: Tuple[int, int]):
   return run
 
 
+def _scan_blocks(layers: Sequence[Block], x: Array, rope, mask: Array, remat: bool) -> Array:
+  """Runs cache-free `layers` in order as one `jax.lax.scan`: the block is traced and
+  compiled once whatever the depth (`ModelConfig.scan_layers`).
+
+  The parameters keep their per-layer layout (so HF import/export, checkpoints and the
+  sharding rules are unchanged) and are stacked to [L, ...] here, inside the jitted
+  program: the price is one copy of the scanned layers' parameters per call (and of
+  their gradients in the backward pass).
+  """
+  if not layers:
+    return x
+  graphdef = nnx.graphdef(layers[0])
+  stacked = jax.tree.map(lambda *ps: jnp.stack(ps), *[nnx.state(l) for l in layers])
+
+  def body(h, layer_state):
+    return _block_no_cache(nnx.merge(graphdef, layer_state), h, rope, mask), None
+
+  if remat:
+    body = jax.checkpoint(body)
+  return jax.lax.scan(body, x, stacked)[0]
+
+
 class Transformer(nnx.Module):
   """Decoder-only transformer.
 
@@ -402,7 +424,13 @@ class Transformer(nnx.Module):
     rope = rope_table(positions, rope_frequencies(c))
     new_k, new_v = [], []
     last = len(self.layers) - 1
-    for i, layer in enumerate(self.layers):
+    first = 0
+    if c.scan_layers and cache is None:
+      # The last layer stays out of the scan when it runs on a query slice.
+      first = last if query_slice is not None else last + 1
+      x = _scan_blocks(list(self.layers)[:first], x, rope, mask, c.remat)
+    for i in range(first, last + 1):
+      layer = self.layers[i]
       layer_cache = None if cache is None else (cache.k[i], cache.v[i])
       qs = query_slice if i == last else None
       if c.remat and cache is None:
