@@ -9,6 +9,9 @@ import gin
 import jax.numpy as jnp
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# 'dense': the masked einsum in `Attention.__call__`; 'xla' / 'cudnn': the `implementation`
+# argument of `jax.nn.dot_product_attention` (cuDNN fused attention on NVIDIA GPUs).
+ATTENTION_IMPLS = ("dense", "xla", "cudnn")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -49,6 +52,10 @@ class ModelConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"
   remat: bool = False
+  attention_impl: str = "dense"  # ATTENTION_IMPLS; a run choice, not part of the weights
+  # Cache-free forwards (learner, forward_logits) run the layers as one lax.scan: compile
+  # time flat in depth. Calls with a KV cache (the sampler) stay unrolled.
+  scan_layers: bool = False
 
   def __post_init__(self):
     if self.architecture not in ARCHITECTURES:
@@ -64,6 +71,9 @@ class ModelConfig:
           f"num_kv_heads={self.num_kv_heads} (grouped-query attention needs it)")
     if self.head_dim % 2:
       raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"ModelConfig.attention_impl={self.attention_impl!r}; expected one of "
+                       f"{ATTENTION_IMPLS}")
     for name in ("param_dtype", "dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(

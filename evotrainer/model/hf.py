@@ -100,13 +100,16 @@ def _rope_settings(hf: dict, where: str) -> Tuple[float, Optional[RopeScaling]]:
 
 def config_from_hf(source: Union[str, os.PathLike, Mapping[str, Any]], *,
                    param_dtype: Optional[str] = None, dtype: Optional[str] = None,
-                   remat: Optional[bool] = None) -> ModelConfig:
+                   remat: Optional[bool] = None,
+                   attention_impl: Optional[str] = None,
+                   scan_layers: Optional[bool] = None) -> ModelConfig:
   """The `ModelConfig` of a Hugging Face Llama / Qwen2 / Qwen3 config.
 
   Args:
     source: a checkpoint directory, a config.json path, or the parsed dict.
-    param_dtype, dtype, remat: override the `ModelConfig` defaults (float32 parameters
-      and compute, no remat); the checkpoint's own dtype does not change them.
+    param_dtype, dtype, remat, attention_impl, scan_layers: override the `ModelConfig`
+      defaults (float32 parameters and compute, no remat, 'dense' attention, unrolled
+      layers); the checkpoint's own dtype does not change them.
 
   Raises:
     ValueError: for an unsupported model_type or a feature our decoder lacks
@@ -139,7 +142,8 @@ def config_from_hf(source: Union[str, os.PathLike, Mapping[str, Any]], *,
     head_dim = 128 if arch == "qwen3" else int(hf["hidden_size"]) // heads
   theta, scaling = _rope_settings(hf, where)
   overrides = {k: v for k, v in (("param_dtype", param_dtype), ("dtype", dtype),
-                                 ("remat", remat)) if v is not None}
+                                 ("remat", remat), ("attention_impl", attention_impl),
+                                 ("scan_layers", scan_layers)) if v is not None}
   return ModelConfig(
       vocab_size=int(hf["vocab_size"]),
       hidden_size=int(hf["hidden_size"]),
@@ -364,7 +368,8 @@ def load_hf_checkpoint(path: Union[str, os.PathLike], mesh: Optional[Mesh] = Non
     mesh: when given, every parameter is created sharded by `rules`; otherwise each is
       a single-device array on the default device.
     rules: logical-to-mesh table (LEARNER_RULES or SAMPLER_RULES).
-    **config_overrides: `param_dtype`, `dtype`, `remat` (see `config_from_hf`).
+    **config_overrides: `param_dtype`, `dtype`, `remat`, `attention_impl`, `scan_layers`
+      (see `config_from_hf`).
 
   Raises:
     FileNotFoundError: no config.json / safetensors in `path`.

@@ -27,7 +27,9 @@ from evotrainer.tokenizers import HFTokenizer, Tokenizer, make_tokenizer
 def policy(texts: Optional[Iterable[str]] = None, mesh=None, rules: Rules = LEARNER_RULES, *,
            hf_dir: Optional[str] = None, config: Optional[ModelConfig] = None,
            seed: int = 0, param_dtype: Optional[str] = None, dtype: Optional[str] = None,
-           remat: Optional[bool] = None) -> tuple[Transformer, Tokenizer]:
+           remat: Optional[bool] = None,
+           attention_impl: Optional[str] = None,
+           scan_layers: Optional[bool] = None) -> tuple[Transformer, Tokenizer]:
   """Builds (model, tokenizer), parameters placed on `mesh` by `rules`.
 
   Args:
@@ -38,14 +40,16 @@ def policy(texts: Optional[Iterable[str]] = None, mesh=None, rules: Rules = LEAR
       with `hf_dir`, the architecture the checkpoint must have (gin/model/<name>.gin):
       its config.json is checked against it before any weight is read.
     seed: initialization seed for a model built from `config`.
-    param_dtype, dtype, remat: overrides for an HF checkpoint's ModelConfig.
+    param_dtype, dtype, remat, attention_impl, scan_layers: overrides for an HF
+      checkpoint's ModelConfig.
   """
   if hf_dir:
     if config is not None:
       check_matches(config, config_from_hf(hf_dir), f"{hf_dir}/config.json")
     tokenizer = HFTokenizer.from_dir(hf_dir)
     overrides = {k: v for k, v in dict(param_dtype=param_dtype, dtype=dtype,
-                                       remat=remat).items() if v is not None}
+                                       remat=remat, attention_impl=attention_impl,
+                                       scan_layers=scan_layers).items() if v is not None}
     model = load_hf_checkpoint(hf_dir, mesh=mesh, rules=rules, **overrides)
     logging.info("loaded %s (%d parameters)", hf_dir, model.config.num_params())
   else:
@@ -65,9 +69,10 @@ def policy(texts: Optional[Iterable[str]] = None, mesh=None, rules: Rules = LEAR
   return model, tokenizer
 
 
-# What a checkpoint may differ in from the gin config: precision and remat are choices
-# of the run (policy.param_dtype / dtype / remat), not of the weights.
-_RUN_CHOICES = ("param_dtype", "dtype", "remat")
+# What a checkpoint may differ in from the gin config: precision, remat, the attention
+# kernel and layer scanning are choices of the run (policy.param_dtype / dtype / remat /
+# attention_impl / scan_layers), not of the weights.
+_RUN_CHOICES = ("param_dtype", "dtype", "remat", "attention_impl", "scan_layers")
 
 
 def check_matches(expected: ModelConfig, found: ModelConfig, where: str) -> None:

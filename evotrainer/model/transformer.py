@@ -230,6 +230,8 @@ class Attention(nnx.Module):
       k = self.k_norm(k)
     q = constrain(apply_rope(q, *rope_q), Q_AXES)
     k = apply_rope(k, *rope)
+    keys, values = k, v  # [B, KV, S, D] each: the new tokens' (prefill, no cache)
+    keys_transposed = False
     if cache is not None:
       ck, cv = cache
       ck = jax.lax.dynamic_update_slice(ck, k.swapaxes(2, 3).astype(ck.dtype),
@@ -241,23 +243,66 @@ class Attention(nnx.Module):
       # A mask as wide as the cache attends over it (decode); a mask as wide as the new
       # tokens attends over those alone (prefill: no work on empty slots).
       if mask.shape[-1] == ck.shape[3]:
-        scores = jnp.einsum("bkgtd,bkds->bkgts", q, ck.astype(dt), preferred_element_type=F32)
-        v = cv.astype(dt)
-      elif mask.shape[-1] == k.shape[2]:
-        scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=F32)
-      else:
+        keys, values, keys_transposed = ck.astype(dt), cv.astype(dt), True
+      elif mask.shape[-1] != k.shape[2]:
         raise ValueError(f"mask has {mask.shape[-1]} keys; expected the cache length "
                          f"{ck.shape[3]} or the number of new tokens {k.shape[2]}")
+    if c.attention_impl == "dense":
+      out = _dense_attention(q, keys, values, mask, keys_transposed)
     else:
-      scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=F32)
-    # Scores are accumulated in float32 whatever the compute dtype (bf16 under hf.gin /
-    # small.gin): rounding them to bf16 before the softmax costs ~3 significant digits.
-    scores = scores / math.sqrt(d)
-    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = constrain(jnp.einsum("bkgts,bksd->bkgtd", probs, v), Q_AXES)
-    out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+      out = _fused_attention(q, keys, values, mask, keys_transposed, c.attention_impl)
     return dense(out, self.o[...].astype(dt), n_in=2), cache
+
+
+def _dense_attention(q: Array, keys: Array, values: Array, mask: Array,
+                     keys_transposed: bool) -> Array:
+  """Masked softmax attention as einsums in the heads-major layout.
+
+  Args:
+    q: [B, KV, G, T, D] queries (RoPE applied).
+    keys: [B, KV, S, D], or [B, KV, D, S] when `keys_transposed` (the KV cache layout).
+    values: [B, KV, S, D].
+    mask: [B, T, S] bool. A fully masked query row (left padding) gets uniform weights
+      over all S keys: every score is the same float32 minimum.
+
+  Returns:
+    [B, T, H, D] with H = KV * G (head h = kv * G + g).
+  """
+  b, _, _, t, d = q.shape
+  dt = q.dtype
+  if keys_transposed:
+    scores = jnp.einsum("bkgtd,bkds->bkgts", q, keys, preferred_element_type=F32)
+  else:
+    scores = jnp.einsum("bkgtd,bksd->bkgts", q, keys, preferred_element_type=F32)
+  # Scores are accumulated in float32 whatever the compute dtype (bf16 under hf.gin /
+  # small.gin): rounding them to bf16 before the softmax costs ~3 significant digits.
+  scores = scores / math.sqrt(d)
+  scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+  out = constrain(jnp.einsum("bkgts,bksd->bkgtd", probs, values), Q_AXES)
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, -1, d)
+
+
+def _fused_attention(q: Array, keys: Array, values: Array, mask: Array,
+                     keys_transposed: bool, implementation: str) -> Array:
+  """`jax.nn.dot_product_attention` (implementation 'xla' or 'cudnn') on the same inputs
+  as `_dense_attention`, moved to its [B, T, N, D] layout; returns [B, T, H, D].
+
+  Grouped-query attention is native there (K/V keep KV heads; query head h uses kv head
+  h // G, our `reshape(B, T, KV, G, D)` order). Like the dense path it accumulates scores
+  in float32 (bf16 inputs use the BF16_BF16_F32 dot preset) and runs the softmax in
+  float32; fully masked rows get uniform weights in 'xla' (every score is the same large
+  negative number), which matches the dense path. cuDNN adds the mask as a bias and its
+  behaviour on fully masked rows is not checked here (no GPU in the tests); those rows
+  are left padding, whose outputs no caller reads.
+  """
+  b, kvh, g, t, d = q.shape
+  q = q.transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g, d)  # [B, T, H, D]
+  keys = keys.transpose(0, 3, 1, 2) if keys_transposed else keys.transpose(0, 2, 1, 3)
+  values = values.transpose(0, 2, 1, 3)  # [B, S, KV, D]
+  out = jax.nn.dot_product_attention(q, keys, values, mask=mask[:, None, :, :],
+                                     scale=1.0 / math.sqrt(d), implementation=implementation)
+  return constrain(out, ("batch", "length", "heads", "head_dim"))
 
 
 class MLP(nnx.Module):
@@ -305,6 +350,28 @@ def _sliced_block_no_cache(query_slice: Tuple[int, int]):
     return layer(x, rope, mask, None, 0, query_slice)[0]
 
   return run
+
+
+def _scan_blocks(layers: Sequence[Block], x: Array, rope, mask: Array, remat: bool) -> Array:
+  """Runs cache-free `layers` in order as one `jax.lax.scan`: the block is traced and
+  compiled once whatever the depth (`ModelConfig.scan_layers`).
+
+  The parameters keep their per-layer layout (so HF import/export, checkpoints and the
+  sharding rules are unchanged) and are stacked to [L, ...] here, inside the jitted
+  program: the price is one copy of the scanned layers' parameters per call (and of
+  their gradients in the backward pass).
+  """
+  if not layers:
+    return x
+  graphdef = nnx.graphdef(layers[0])
+  stacked = jax.tree.map(lambda *ps: jnp.stack(ps), *[nnx.state(l) for l in layers])
+
+  def body(h, layer_state):
+    return _block_no_cache(nnx.merge(graphdef, layer_state), h, rope, mask), None
+
+  if remat:
+    body = jax.checkpoint(body)
+  return jax.lax.scan(body, x, stacked)[0]
 
 
 class Transformer(nnx.Module):
@@ -357,7 +424,13 @@ class Transformer(nnx.Module):
     rope = rope_table(positions, rope_frequencies(c))
     new_k, new_v = [], []
     last = len(self.layers) - 1
-    for i, layer in enumerate(self.layers):
+    first = 0
+    if c.scan_layers and cache is None:
+      # The last layer stays out of the scan when it runs on a query slice.
+      first = last if query_slice is not None else last + 1
+      x = _scan_blocks(list(self.layers)[:first], x, rope, mask, c.remat)
+    for i in range(first, last + 1):
+      layer = self.layers[i]
       layer_cache = None if cache is None else (cache.k[i], cache.v[i])
       qs = query_slice if i == last else None
       if c.remat and cache is None:

@@ -336,9 +336,11 @@ def test_config_families_and_overrides():
   assert (q2.architecture, q2.qkv_bias, q2.qk_norm) == ("qwen2", True, False)
   q3 = hf.config_from_hf({**_LLAMA, "model_type": "qwen3", "head_dim": 8,
                           "tie_word_embeddings": True},
-                         param_dtype="bfloat16", dtype="bfloat16", remat=True)
+                         param_dtype="bfloat16", dtype="bfloat16", remat=True,
+                         attention_impl="cudnn", scan_layers=True)
   assert (q3.qk_norm, q3.qkv_bias, q3.head_dim, q3.tie_embeddings) == (True, False, 8, True)
-  assert (q3.param_dtype, q3.dtype, q3.remat) == ("bfloat16", "bfloat16", True)
+  assert (q3.param_dtype, q3.dtype, q3.remat, q3.attention_impl, q3.scan_layers) == (
+      "bfloat16", "bfloat16", True, "cudnn", True)
 
 
 @pytest.mark.parametrize("config", list(EXPORT_CONFIGS.values()), ids=list(EXPORT_CONFIGS))
