@@ -166,11 +166,14 @@ def accuracy(model, tok, task, problems, *, greedy: bool, samples: int = 1) -> f
 
 @pytest.mark.slow
 def test_accuracy_vs_steps(tok, task, tmp_path, counted_train):
-  """Prints held-out accuracy after 100/200/400 steps (the lead picks the default)."""
+  """Held-out accuracy after 50 and 300 steps (printed): the loss falls and the greedy
+  accuracy rises above the untrained model's."""
   heldout = task.heldout_problems(50)
   untrained = Transformer(TINY, rngs=nnx.Rngs(0))
-  rows = [f"untrained: greedy {accuracy(untrained, tok, task, heldout, greedy=True):.2f}"]
-  for steps in (100, 200, 400):
+  base = accuracy(untrained, tok, task, heldout, greedy=True)
+  rows = [f"untrained: greedy {base:.2f}"]
+  greedies = []
+  for steps in (50, 300):
     start = time.time()
     model = warmstart.warm_start(Transformer(TINY, rngs=nnx.Rngs(0)), tok, task, steps=steps,
                                  batch_size=64, learning_rate=3e-3, seed=0,
@@ -179,9 +182,11 @@ def test_accuracy_vs_steps(tok, task, tmp_path, counted_train):
     losses = counted_train[-1]
     greedy = accuracy(model, tok, task, heldout, greedy=True)
     sampled = accuracy(model, tok, task, heldout, greedy=False, samples=8)
+    greedies.append(greedy)
     rows.append(f"steps {steps}: {seconds:.1f}s ({1000 * seconds / steps:.0f} ms/step incl. "
                 f"compile), loss {losses[0]:.2f} -> {np.mean(losses[-10:]):.3f}, held-out "
                 f"greedy {greedy:.2f}, temperature 1.0 {sampled:.3f}")
   print("\nwarm start on tiny_arithmetic, batch 64, lr 3e-3, vocab "
         f"{tok.vocab_size}:\n  " + "\n  ".join(rows))
   assert np.mean(counted_train[-1][-10:]) < np.mean(counted_train[0][-10:])
+  assert greedies[-1] > base
