@@ -13,7 +13,7 @@ from evotrainer.tasks.math import MathTask
 
 
 def _by_hand(expr: str) -> int:
-  """a±b±c left to right, by tokens (independent of `canaries.arithmetic_value`)."""
+  """a±b±c left to right, by tokens (independent of the generator's `ast` evaluation)."""
   tokens = re.findall(r"[+-]|\d+", expr)
   total = int(tokens[0])
   for op, num in zip(tokens[1::2], tokens[2::2]):
