@@ -324,27 +324,16 @@ class Promotion:
     iv = Intervention.from_dict(made[0].intervention)
     undo = make_intervention(iv.binding, iv.new, iv.old, key=iv.key)
     trigger = {"finding": "unstable_incumbent", "and": [state_of(undo)]}
-    digest = hashlib.sha256(json.dumps([trigger, template_of(undo)], sort_keys=True,
-                                       default=str).encode()).hexdigest()[:6]
-    name = "learned-unstable-" + re.sub(r"[^a-z0-9]+", "-", f"{iv.binding}-{iv.kind}-"
-                                        f"{iv.key or ''}".lower()).strip("-") + f"-{digest}"
-    try:
-      if name not in self.skills:
-        self.skills.add(Skill(
-            name=name, category="training stability",
-            description=f"learned on {vid}: most branches of an incumbent that made the "
-                        f"change {iv.description} failed badly; subtract it "
-                        f"({undo.description})",
-            trigger=trigger, intervention=template_of(undo),
-            expected_outcome="branches from the incumbent stop collapsing once its "
-                             "unstable change is undone",
-            validation_criterion="the subtraction's branch is not collapsed or worse "
-                                 "beyond noise, and beats the control",
-            source="learned"))
-      self.skills.record_outcome(name, self.domain, True, version=vid)
-    except SkillError:
-      return None  # a template the skill language cannot express (e.g. a whole-list value)
-    return name
+    return self._add_learned(
+        f"learned-unstable-{iv.binding}-{iv.kind}-{iv.key or ''}", trigger, undo, vid,
+        category="training stability",
+        description=f"learned on {vid}: most branches of an incumbent that made the "
+                    f"change {iv.description} failed badly; subtract it "
+                    f"({undo.description})",
+        expected_outcome="branches from the incumbent stop collapsing once its "
+                         "unstable change is undone",
+        validation_criterion="the subtraction's branch is not collapsed or worse "
+                             "beyond noise, and beats the control")
 
   def _learn_skill(self, h: Hypothesis, vid: str) -> None:
     """Writes (or adds evidence to) a skill for a kept change that no skill proposed: it
@@ -353,25 +342,32 @@ class Promotion:
     iv = h.intervention
     state = state_of(iv)
     trigger = {"finding": h.finding, "and": [state]} if h.finding else state
-    # One skill per (trigger, change): the same change from the same state adds evidence.
-    digest = hashlib.sha256(json.dumps([trigger, template_of(iv)], sort_keys=True,
-                                       default=str).encode()).hexdigest()[:6]
-    name = "learned-" + re.sub(r"[^a-z0-9]+", "-",
-                               f"{h.finding or 'state'}-{iv.binding}-{iv.kind}-"
-                               f"{iv.key or ''}".lower()).strip("-") + f"-{digest}"
     when = f"{h.finding} fired" if h.finding else f"{state['binding']} {state['op']} " \
                                                   f"{state['value']!r}"
+    self._add_learned(
+        f"learned-{h.finding or 'state'}-{iv.binding}-{iv.kind}-{iv.key or ''}", trigger, iv,
+        vid, category=_CATEGORY.get(h.group, "training stability"),
+        description=f"learned on {vid}: {iv.description} when {when}",
+        expected_outcome=h.statement, validation_criterion=h.criterion)
+
+  def _add_learned(self, label: str, trigger: dict, iv: Intervention, vid: str,
+                   **fields) -> Optional[str]:
+    """Adds the learned skill (`trigger`, the change `iv`) unless the library has it, and
+    records a success for `vid`. One skill per (trigger, change): its name is `label`
+    made a slug plus a digest of both, so the same change from the same state adds
+    evidence. Returns the name; None when the skill language cannot express the
+    template (e.g. a whole-list value)."""
+    digest = hashlib.sha256(json.dumps([trigger, template_of(iv)], sort_keys=True,
+                                       default=str).encode()).hexdigest()[:6]
+    name = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") + f"-{digest}"
     try:
       if name not in self.skills:
-        self.skills.add(Skill(
-            name=name, category=_CATEGORY.get(h.group, "training stability"),
-            description=f"learned on {vid}: {iv.description} when {when}",
-            trigger=trigger, intervention=template_of(iv),
-            expected_outcome=h.statement, validation_criterion=h.criterion,
-            source="learned"))
+        self.skills.add(Skill(name=name, trigger=trigger, intervention=template_of(iv),
+                              source="learned", **fields))
       self.skills.record_outcome(name, self.domain, True, version=vid)
     except SkillError:
-      pass  # a template the skill language cannot express (e.g. a whole-list value)
+      return None
+    return name
 
 
 __all__ = ["CONTROL", "Promotion"]
