@@ -33,6 +33,7 @@ from evotrainer.harness.diagnostics import run_diagnostics
 from evotrainer.harness.pipeline import Harness
 from evotrainer.learner.step import Learner, TrainState
 from evotrainer.rollouts.generation import merge
+from evotrainer.rollouts.multiturn import rollout_for
 from evotrainer.rollouts.single_turn import Rollout
 from evotrainer.rollouts.store import RolloutStore
 from evotrainer.sampling import Sampler, SamplingParams
@@ -210,7 +211,9 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
     workdir: run directory (checkpoints/, rollouts/, metrics.jsonl, findings.jsonl,
       tensorboard/).
     task: the domain (`train_problems`, `heldout_problems`, `format_prompt`, `score_many`);
-      evaluation reads its validation split only.
+      evaluation reads its validation split only. A task with `multi_turn = True`
+      (`tasks.base.MultiTurnTask`) runs episodes through `rollouts.MultiTurnRollout`
+      (gin: `MultiTurnRollout.budget = @TurnBudget()`).
     model, tokenizer: the policy (parameters are copied into the learner's state).
     mesh: device mesh, or None for the default device.
     seed: seed of the data order and of sampling.
@@ -262,8 +265,9 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
   learner = learner_factory(model, mesh, vocab_limit=vocab_limit)
   sampler = Sampler(model, pad_id=tokenizer.pad_id, mesh=mesh, vocab_limit=vocab_limit)
   params0 = nnx.state(model)
-  rollout = Rollout(task, tokenizer, sampler,
-                    None if mesh is None else state_shardings(params0, mesh, SAMPLER_RULES))
+  # Multi-turn tasks (`task.multi_turn`) get the multi-turn engine, same signature.
+  rollout = rollout_for(task, tokenizer, sampler,
+                        None if mesh is None else state_shardings(params0, mesh, SAMPLER_RULES))
   heldout = task.heldout_problems(eval_config.num_problems, split="validation")
   eval_key = eval_config.key()
   # Process 0 writes the run's files; the others log their step lines only.
@@ -352,7 +356,7 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
     batch = TrainBatch(
         prompt_tokens=gen.prompt_tokens[rows], prompt_lengths=gen.prompt_lengths[rows],
         completion_tokens=gen.tokens[rows],
-        loss_mask=_loss_mask(gen.lengths[rows], gen.tokens.shape[1]) & out.keep[rows, None],
+        loss_mask=gen.completion_mask()[rows] & out.keep[rows, None],
         advantages=out.advantages[rows].astype(np.float32), old_logprobs=gen.logprobs[rows],
         completion_lengths=gen.lengths[rows])
     t_harness += time.time() - t0
@@ -474,10 +478,6 @@ def _write_findings(workdir: str, step: int, findings: Sequence) -> None:
   with open(os.path.join(workdir, "findings.jsonl"), "a") as f:
     for x in findings:
       f.write(json.dumps({"step": step, **dataclasses.asdict(x)}, default=str) + "\n")
-
-
-def _loss_mask(lengths: np.ndarray, n: int) -> np.ndarray:
-  return np.arange(n)[None, :] < lengths[:, None]
 
 
 def _abstract(tree):

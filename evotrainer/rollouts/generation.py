@@ -9,7 +9,7 @@ rounds of dynamic sampling.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -18,7 +18,13 @@ from evotrainer.types import Episode
 
 @dataclasses.dataclass
 class Generation:
-  """Host-side rollouts of one batch of problems (rows grouped: G per problem)."""
+  """Host-side rollouts of one batch of problems (rows grouped: G per problem).
+
+  Single-turn: `tokens` is the sampled completion and every token up to `lengths` is
+  trained. Multi-turn (`multiturn.MultiTurnRollout`): `tokens` is the whole trajectory
+  after the prompt (model turns and observations), `logprobs` are 0 at observation
+  tokens, and `loss_mask` marks the sampled ids, the only ones trained.
+  """
 
   problems: list  # [B] Problem, each repeated G times in a row
   prompt_tokens: np.ndarray  # [B, P] left-padded
@@ -29,13 +35,25 @@ class Generation:
   truncated: np.ndarray  # [B] bool
   texts: list  # [B] decoded completions
   scores: list  # [B] dicts of reward parts from the task
+  loss_mask: Optional[np.ndarray] = None  # [B, N] bool; None: the first `lengths` tokens
+  infos: Optional[list] = None  # [B] dicts merged into `Episode.info` (multi-turn)
+
+  def completion_mask(self) -> np.ndarray:
+    """[B, N] bool: the tokens the policy is trained on (`loss_mask`, else the first
+    `lengths` tokens of every row)."""
+    if self.loss_mask is not None:
+      return self.loss_mask
+    return np.arange(self.tokens.shape[1])[None, :] < self.lengths[:, None]
 
   def part(self, name: str) -> np.ndarray:
     return np.array([s.get(name, 0.0) for s in self.scores], np.float32)
 
   def episodes(self, task, *, version: str, step: int, split: str, group: int,
                first_row: int = 0) -> list:
-    """One `Episode` per row; ids `version/split/step/row`, groups numbered per step."""
+    """One `Episode` per row; ids `version/split/step/row`, groups numbered per step.
+
+    `info` is the row's `infos` entry (multi-turn: the environment's record and the turn
+    spans) with `stop` set to `stop_reason` of its scores."""
     out = []
     for i, p in enumerate(self.problems):
       row = first_row + i
@@ -46,7 +64,8 @@ class Generation:
           reward_parts=dict(self.scores[i]), version=version, step=step, split=split,
           completion_ids=self.tokens[i, :n].copy(), logprobs=self.logprobs[i, :n].copy(),
           truncated=bool(self.truncated[i]),
-          info={"stop": stop_reason(self.scores[i], bool(self.truncated[i]))}))
+          info={**(self.infos[i] if self.infos is not None else {}),
+                "stop": stop_reason(self.scores[i], bool(self.truncated[i]))}))
     return out
 
 
@@ -63,19 +82,29 @@ def stop_reason(score: dict, truncated: bool) -> str:
 
 
 def merge(gens: Sequence[Generation]) -> Generation:
-  """Concatenates generation rounds (prompts re-padded on the left to one width)."""
+  """Concatenates generation rounds: prompts re-padded on the left and completions on
+  the right to one width (multi-turn rounds differ in width; the padding is masked)."""
   if len(gens) == 1:
     return gens[0]
   width = max(g.prompt_tokens.shape[1] for g in gens)
-  # Left padding is masked by prompt_lengths, so its id does not matter.
+  n = max(g.tokens.shape[1] for g in gens)
+  # Left padding is masked by prompt_lengths, right padding by lengths and the loss
+  # mask, so the padding id does not matter.
   pad = lambda g: np.pad(g.prompt_tokens, ((0, 0), (width - g.prompt_tokens.shape[1], 0)))
+  right = lambda x: np.pad(x, ((0, 0), (0, n - x.shape[1])))
   cat = lambda name: np.concatenate([getattr(g, name) for g in gens])
+  multi = any(g.loss_mask is not None for g in gens)
   return Generation(
       problems=[p for g in gens for p in g.problems],
       prompt_tokens=np.concatenate([pad(g) for g in gens]), prompt_lengths=cat("prompt_lengths"),
-      tokens=cat("tokens"), logprobs=cat("logprobs"), lengths=cat("lengths"),
+      tokens=np.concatenate([right(g.tokens) for g in gens]),
+      logprobs=np.concatenate([right(g.logprobs) for g in gens]), lengths=cat("lengths"),
       truncated=cat("truncated"), texts=[t for g in gens for t in g.texts],
-      scores=[s for g in gens for s in g.scores])
+      scores=[s for g in gens for s in g.scores],
+      loss_mask=(np.concatenate([right(g.completion_mask()) for g in gens]) if multi
+                 else None),
+      infos=([i for g in gens for i in (g.infos or [{}] * len(g.problems))]
+             if any(g.infos is not None for g in gens) else None))
 
 
 def cut_at_stop(ids: np.ndarray, stop_ids: Sequence[int]) -> list:
