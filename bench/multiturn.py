@@ -56,10 +56,11 @@ class CharTokenizer:
 
 class EchoEnv:
   """Observation: the turn's length and first 4 characters; stops 'submitted' when the
-  turn contains '!' and (when `submit_at` is set) after that many turns."""
+  turn contains `submit_char` (None: never) or after `submit_at` turns (None: never)."""
 
-  def __init__(self, submit_at: Optional[int] = None):
+  def __init__(self, submit_at: Optional[int] = None, submit_char: Optional[str] = "!"):
     self.submit_at = submit_at
+    self.submit_char = submit_char
     self.texts: list = []
     self.stop: Optional[str] = None
 
@@ -69,7 +70,8 @@ class EchoEnv:
 
   def step(self, text: str) -> str:
     self.texts.append(text)
-    if "!" in text or (self.submit_at is not None and len(self.texts) >= self.submit_at):
+    if (self.submit_char is not None and self.submit_char in text) or (
+        self.submit_at is not None and len(self.texts) >= self.submit_at):
       self.stop = "submitted"
     return self.observe(text)
 
@@ -135,7 +137,7 @@ def measure(batch: int, turns: int, tokens_per_turn: int, max_context: int,
   tok = CharTokenizer()
   model = tiny_model(hidden=hidden, layers=layers, max_positions=max_context)
   sampler = Sampler(model, pad_id=tok.pad_id)
-  task = EchoTask(lambda p: EchoEnv(submit_at=turns))  # exactly `turns` turns
+  task = EchoTask(lambda p: EchoEnv(submit_at=turns, submit_char=None))  # `turns` turns
   budget = TurnBudget(max_turns=turns, max_context=max_context,
                       max_tokens_per_turn=tokens_per_turn)
   rollout = MultiTurnRollout(task, tok, sampler, budget=budget)

@@ -281,12 +281,12 @@ def _sample(model, tok, task, mesh, seed, num_problems, samples_per_problem, sam
   import jax
   from flax import nnx
 
+  from evotrainer.rollouts import rollout_for
   from evotrainer.sampling import Sampler
-  from evotrainer.rollouts import Rollout
 
   vocab_limit = tok.vocab_size if tok.vocab_size < model.config.vocab_size else None
-  rollout = Rollout(task, tok, Sampler(model, pad_id=tok.pad_id, mesh=mesh,
-                                       vocab_limit=vocab_limit))
+  rollout = rollout_for(task, tok, Sampler(model, pad_id=tok.pad_id, mesh=mesh,
+                                           vocab_limit=vocab_limit))
   heldout = task.heldout_problems(num_problems)
   t0 = time.time()
   gen = rollout(nnx.state(model), heldout, samples_per_problem, jax.random.key(seed), sampling)

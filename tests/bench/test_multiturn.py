@@ -1,0 +1,28 @@
+"""bench/multiturn.py at a tiny size: the figures it reports add up."""
+
+import json
+
+import pytest
+
+from bench import multiturn
+
+
+@pytest.mark.slow  # compiles 4 small sampler programs: about a minute on 2 shared cores
+def test_multiturn_bench_runs_and_its_figures_add_up(tmp_path):
+  out = tmp_path / "multiturn.json"
+  payload = multiturn.main(["--batch", "2", "--turns", "2", "--tokens_per_turn", "4",
+                            "--max_context", "40", "--repeats", "1", "--out", str(out)])
+  assert json.loads(out.read_text()) == payload
+  (row,) = payload["results"]
+  assert row["batch"] == 2 and row["turns"] == 2
+  # Two turns of 1..4 sampled tokens per episode, and one observation between them of
+  # at least 5 tokens ('<0:>' and a newline).
+  assert 2 * 2 <= row["model_tokens"] <= 2 * 2 * 4
+  assert row["trajectory_tokens"] >= row["model_tokens"] + 2 * 5
+  # (wall_s is rounded to 0.1 ms in the JSON)
+  assert row["model_tokens_per_s"] == pytest.approx(row["model_tokens"] / row["wall_s"],
+                                                    rel=0.01)
+  assert 0 < row["prefill_share"] <= 1
+  # Context widths are buckets below 40 - 4 = 36: (16, 32, 36), each compiled for the
+  # 4-token turns and for the 1-token prefill probe at most.
+  assert 1 <= row["sampler_programs"] <= 6
