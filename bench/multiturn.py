@@ -1,17 +1,21 @@
 r"""Multi-turn rollout engine throughput: tokens/s and the prefill vs decode time share.
 
-    python bench/multiturn.py --batch 16 64 --turns 4 --out multiturn.json
+    python bench/multiturn.py --batch 16 64 --turns 4 --json multiturn.json
 
 The engine (`evotrainer/rollouts/multiturn.py`) re-prefills every episode's whole
 context (prompt + trajectory so far) at each turn. This bench runs it on the tiny
 from-scratch model on the CPU with a toy echo environment (`EchoTask`: the observation
-is a short digest of the turn, no tools, so the time measured is the sampler's), and
-splits the sampler's time into prefill and decode by timing a 1-token turn (prefill +
-one decode-free first token) at the same context widths. The prefill share is what
-KV-cache continuation would save at most (it would prefill only the new observation).
+is a short digest of the turn, no tools), every episode taking exactly `--turns` turns.
+It then replays the sampler alone on the same per-turn contexts: a whole turn
+(`--tokens_per_turn` tokens) and a 1-token turn (prefill + first token, no decode loop).
+`prefill_share` = 1-token time / whole-turn time is the share of the sampler's time
+spent re-reading contexts; KV-cache continuation would save at most that (it still
+prefills each new observation).
 
-Reported per batch size: model tokens/s (sampled ids), trajectory tokens/s (sampled +
-observation ids), wall seconds of the measured call, turns, and `prefill_share`.
+Reported per batch size: model tokens/s (sampled ids) and trajectory tokens/s (sampled +
+observation ids) over the engine's wall time (best of `--repeats`), the sampler replay
+times, `prefill_share`, and the sampler's share of the engine's wall time (the rest is
+host work: decoding, env threads, encoding, padding).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import machine, write_json  # noqa: E402
+from bench.common import machine, median_time, write_json  # noqa: E402
 from evotrainer.model import ModelConfig, Transformer  # noqa: E402
 from evotrainer.rollouts.multiturn import MultiTurnRollout, TurnBudget  # noqa: E402
 from evotrainer.sampling import Sampler, SamplingParams, left_pad  # noqa: E402
@@ -151,27 +155,36 @@ def measure(batch: int, turns: int, tokens_per_turn: int, max_context: int,
     gen = rollout(params, problems, 1, jax.random.key(r + 1), sp)
     best = min(best, time.perf_counter() - t)
   model_tokens = int(gen.loss_mask.sum())
-  # Prefill alone at the widths this run sampled: a 1-token turn over each turn's
-  # contexts (prefill + the first token, no decode loop).
-  one = SamplingParams(max_new_tokens=1, temperature=1.0)
-  prefill = 0.0
+  # The sampler alone at the contexts this run sampled, turn by turn: a whole turn
+  # (`tokens_per_turn` tokens, no stop ids) and a 1-token turn (the prefill and the
+  # first token: no decode loop). Their ratio is the prefill share of the sampler's time.
   contexts = _turn_contexts(gen, tok)
-  for ctx in contexts:  # compile
-    sampler(params, left_pad(ctx, tok.pad_id, rollout.buckets), jax.random.key(0),
-            stop_ids=tok.stop_ids, sampling=one).tokens.block_until_ready()
-  for ctx in contexts:
-    b = left_pad(ctx, tok.pad_id, rollout.buckets)
-    t = time.perf_counter()
-    sampler(params, b, jax.random.key(0), stop_ids=tok.stop_ids,
-            sampling=one).tokens.block_until_ready()
-    prefill += time.perf_counter() - t
+  turn_s = _probe(sampler, params, contexts, tokens_per_turn, rollout.buckets, repeats)
+  prefill_s = _probe(sampler, params, contexts, 1, rollout.buckets, repeats)
   return {"batch": batch, "turns": turns, "tokens_per_turn": tokens_per_turn,
-          "wall_s": round(best, 4), "model_tokens": model_tokens,
-          "trajectory_tokens": int(gen.lengths.sum()),
+          "hidden": hidden, "layers": layers, "wall_s": round(best, 4),
+          "model_tokens": model_tokens, "trajectory_tokens": int(gen.lengths.sum()),
           "model_tokens_per_s": round(model_tokens / best, 1),
           "trajectory_tokens_per_s": round(int(gen.lengths.sum()) / best, 1),
-          "prefill_s": round(prefill, 4), "prefill_share": round(min(1.0, prefill / best), 3),
+          "sampler_turn_s": round(turn_s, 4), "sampler_prefill_s": round(prefill_s, 4),
+          "prefill_share": round(prefill_s / turn_s, 3),
+          "sampler_share_of_wall": round(turn_s / best, 3),
           "sampler_programs": sampler.compiled_programs()}
+
+
+def _probe(sampler: Sampler, params, contexts: list, new_tokens: int, buckets, repeats: int
+           ) -> float:
+  """Seconds the sampler takes over `contexts` (one batch per turn) for `new_tokens`
+  tokens a row (no stop ids: every row decodes them all); median of `repeats`."""
+  sp = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
+  total = 0.0
+  for ctx in contexts:
+    batch = left_pad(ctx, sampler.pad_id, buckets)
+    call = lambda: sampler(params, batch, jax.random.key(0), stop_ids=None,
+                           sampling=sp).tokens.block_until_ready()
+    call()  # compile
+    total += median_time(call, max(1, repeats))
+  return total
 
 
 def _turn_contexts(gen, tok: CharTokenizer) -> list:
@@ -195,14 +208,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
   ap.add_argument("--turns", type=int, default=4)
   ap.add_argument("--tokens_per_turn", type=int, default=32)
   ap.add_argument("--max_context", type=int, default=256)
-  ap.add_argument("--repeats", type=int, default=2)
-  ap.add_argument("--out", default=None, help="write the JSON here too")
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--hidden", type=int, default=32, help="model width (tiny: 32)")
+  ap.add_argument("--layers", type=int, default=2, help="decoder layers (tiny: 2)")
+  ap.add_argument("--json", default=None, help="write the JSON here too")
   args = ap.parse_args(argv)
-  rows = [measure(b, args.turns, args.tokens_per_turn, args.max_context, args.repeats)
-          for b in args.batch]
+  rows = [measure(b, args.turns, args.tokens_per_turn, args.max_context, args.repeats,
+                  args.hidden, args.layers) for b in args.batch]
   payload = {"bench": "multiturn", "machine": machine(), "mode": "re-prefill per turn",
              "results": rows}
-  write_json(args.out, payload)
+  write_json(args.json, payload)
   return payload
 
 

@@ -11,7 +11,7 @@ from bench import multiturn
 def test_multiturn_bench_runs_and_its_figures_add_up(tmp_path):
   out = tmp_path / "multiturn.json"
   payload = multiturn.main(["--batch", "2", "--turns", "2", "--tokens_per_turn", "4",
-                            "--max_context", "40", "--repeats", "1", "--out", str(out)])
+                            "--max_context", "40", "--repeats", "1", "--json", str(out)])
   assert json.loads(out.read_text()) == payload
   (row,) = payload["results"]
   assert row["batch"] == 2 and row["turns"] == 2
@@ -22,7 +22,9 @@ def test_multiturn_bench_runs_and_its_figures_add_up(tmp_path):
   # (wall_s is rounded to 0.1 ms in the JSON)
   assert row["model_tokens_per_s"] == pytest.approx(row["model_tokens"] / row["wall_s"],
                                                     rel=0.01)
-  assert 0 < row["prefill_share"] <= 1
+  assert row["sampler_prefill_s"] > 0 and row["sampler_turn_s"] > 0
+  share = row["sampler_prefill_s"] / row["sampler_turn_s"]  # both rounded to 0.1 ms
+  assert row["prefill_share"] == pytest.approx(share, rel=0.05)
   # Context widths are buckets below 40 - 4 = 36: (16, 32, 36), each compiled for the
   # 4-token turns and for the 1-token prefill probe at most.
   assert 1 <= row["sampler_programs"] <= 6
