@@ -126,13 +126,17 @@ class EchoTask:
     raise NotImplementedError("EchoTask is graded by finish_episodes")
 
 
+def tiny_config(hidden: int = 32, layers: int = 2, max_positions: int = 256) -> ModelConfig:
+  """A from-scratch decoder over `CharTokenizer`'s vocabulary."""
+  return ModelConfig(vocab_size=CharTokenizer.vocab_size, hidden_size=hidden,
+                     intermediate_size=2 * hidden, num_layers=layers, num_heads=4,
+                     num_kv_heads=2, head_dim=hidden // 4, architecture="qwen3",
+                     qk_norm=True, max_position_embeddings=max_positions)
+
+
 def tiny_model(seed: int = 0, hidden: int = 32, layers: int = 2,
                max_positions: int = 256) -> Transformer:
-  cfg = ModelConfig(vocab_size=CharTokenizer.vocab_size, hidden_size=hidden,
-                    intermediate_size=2 * hidden, num_layers=layers, num_heads=4,
-                    num_kv_heads=2, head_dim=hidden // 4, architecture="qwen3", qk_norm=True,
-                    max_position_embeddings=max_positions)
-  return Transformer(cfg, rngs=nnx.Rngs(seed))
+  return Transformer(tiny_config(hidden, layers, max_positions), rngs=nnx.Rngs(seed))
 
 
 def measure(batch: int, turns: int, tokens_per_turn: int, max_context: int,

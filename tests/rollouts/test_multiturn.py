@@ -304,3 +304,25 @@ def test_train_two_steps_on_the_toy_task(tmp_path):
 def _metrics(workdir):
   with open(workdir / "metrics.jsonl") as f:
     return [r for r in map(json.loads, f) if "learner/loss" in r]
+
+
+@pytest.mark.slow
+def test_two_processes_get_identical_generations(tmp_path):
+  import sys
+
+  from tests.sharding.spawn import format_logs, free_port, process_env, run_processes
+  port = free_port()
+  envs = [process_env(2, port=port, process_id=i, num_processes=2) for i in range(2)]
+  codes, logs = run_processes([sys.executable, "-m", "tests.rollouts.multiturn_worker",
+                               str(tmp_path)], envs, tmp_path, 300)
+  assert codes == [0, 0], format_logs(codes, logs)
+  a, b = (json.loads((tmp_path / f"process{i}.json").read_text()) for i in range(2))
+  # Environments stepped on process 0 only; process 1 got the same observations,
+  # stops and scores by broadcast, and sampled the same tokens (rows gathered).
+  assert a.pop("env_steps") > 0 and b.pop("env_steps") == 0
+  assert a == b
+  # Rows submit after 1 + k % 3 turns: the episodes really ended at different turns.
+  assert len({info["turns"] for info in a["infos"]}) > 1
+  rows = list(zip(a["loss_mask"], a["lengths"]))
+  assert all(mask[0] for mask, n in rows if n)  # a trajectory opens with a model turn
+  assert sum(n - sum(mask[:n]) for mask, n in rows) > 0  # observations inside, masked
