@@ -93,7 +93,7 @@ class Episode:
   split: str = "train"  # 'train' or 'heldout'
   completion_ids: Optional[np.ndarray] = None  # [N_i] int32 completion tokens (stop included)
   logprobs: Optional[np.ndarray] = None  # [N_i] float32 sampler log-probs
-  truncated: bool = False  # hit max_new_tokens before a stop token
+  truncated: bool = False  # hit max_new_tokens before a stop token (multi-turn: a budget stop)
 
   @property
   def length(self) -> int:

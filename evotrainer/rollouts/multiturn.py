@@ -55,8 +55,9 @@ from evotrainer.sampling import Sampler, SamplingParams, left_pad
 from evotrainer.sampling.sampler import DEFAULT_BUCKETS
 from evotrainer.sharding.multihost import broadcast_json, is_primary, to_host
 
+# Every stop reason of the SWE taxonomy (issue 13); each row's scores carry all of them.
 STOPS = ("submitted", "max_turns", "max_context", "max_tokens", "env_timeout", "tool_error",
-         "echo_trap")
+         "echo_trap", "abandon", "idle")
 BUDGET_STOPS = ("max_turns", "max_context", "max_tokens", "env_timeout")
 
 

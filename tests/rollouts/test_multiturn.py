@@ -297,7 +297,11 @@ def test_train_two_steps_on_the_toy_task(tmp_path):
       observation = TOK.decode(tokens[i, runs[0]:runs[1]].tolist())
       assert re.fullmatch(r"<\d+:.{0,4}>\n", observation, re.S), observation
       assert m[:runs[0]].all() and m[runs[1]:].all() and runs[0] >= 1
-  assert all(np.isfinite(h["learner/loss"]) for h in _metrics(tmp_path))
+  metrics = _metrics(tmp_path)
+  assert len(metrics) == 2 and all(np.isfinite(m["learner/loss"]) for m in metrics)
+  # The learner's teacher-forced log-probs over the whole trajectory (observations
+  # included as context) agree with the sampler's at every trained token.
+  assert all(m["learner/sampler_logprob_gap"] < 1e-3 for m in metrics), metrics
   assert np.isfinite(out["final"]["avg2"])
 
 
