@@ -4,14 +4,17 @@ history agent that reads the fix from the history (resolves with it, not without
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 
 import pytest
 
-from evotrainer.tasks.swe import repo
+from evotrainer.tasks.swe import episode as episode_lib
+from evotrainer.tasks.swe import git_tool, repo, tools
 from evotrainer.tasks.swe.records import Mutation, SweTask
 
-from tests.tasks.swe.conftest import TOY_LIB, TOY_TEST_IDS
+from tests.tasks.swe.conftest import TOY, TOY_LIB, TOY_TEST_IDS, write_toy
 
 # A bug planted by hand in the toy library: `add` subtracts. test_add (2 - 3 != 5) and
 # test_add_negative (-1 - 1 != 0) fail; nothing else calls `add`.
@@ -45,3 +48,134 @@ def test_keep_history_puts_the_base_one_commit_back(toy_tree, tmp_path):
   assert len(git(tmp_path / "clean", "log", "--format=%H").split()) == 1
   with pytest.raises(subprocess.CalledProcessError):
     git(tmp_path / "clean", "show", "HEAD~1:toylib/__init__.py")
+
+
+# ------------------------------------------------------------------ the git tool
+
+
+class NoSuite:
+  """Stands in for the sandbox runner where nothing may run."""
+
+  def run_program(self, *a, **k):
+    raise AssertionError("a refused git command reached the sandbox")
+
+
+def step(ws, name, **args) -> tuple[str, episode_lib.SweEpisode]:
+  ep = episode_lib.SweEpisode(ws)
+  return ep.step(tools.call_text(name, **args)), ep
+
+
+def test_the_git_tool_is_off_by_default(tmp_path):
+  ws = tools.Workspace(write_toy(tmp_path / "repo"), NoSuite(), TOY.tests)
+  obs, ep = step(ws, "git", command="log")
+  assert obs == ("error: unknown tool 'git'; tools: list_dir, read_file, grep, "
+                 "search_replace, run_tests, submit")
+  assert obs == step(ws, "nope")[0].replace("'nope'", "'git'")  # as any unknown tool
+  assert ep.info()["tool_calls"] == [] and not ep.turns[-1].ok
+  on = tools.Workspace(tmp_path / "repo", NoSuite(), TOY.tests, tools.ToolConfig(git=True))
+  assert "submit, git" in step(on, "nope")[0]
+
+
+HOSTILE = {
+    "-c core.pager=sh log": "options before the subcommand",
+    "--exec-path=/tmp log": "options before the subcommand",
+    "-C / log": "options before the subcommand",
+    "--git-dir=/x log": "options before the subcommand",
+    "-p log": "options before the subcommand",
+    "config user.name x": "'config' is not allowed",
+    "commit -m x": "'commit' is not allowed",
+    "checkout HEAD~1 -- toylib": "'checkout' is not allowed",
+    "reset --hard HEAD~1": "'reset' is not allowed",
+    "my-alias": "'my-alias' is not allowed",
+    "log --output=/tmp/x": "--output or an abbreviation",
+    "log --outp=/tmp/x": "--output or an abbreviation",
+    "diff --ext-diff": "--ext-diff",
+    "show --textconv HEAD": "--textconv",
+    "grep -O/bin/sh def": "the short option -O",
+    "grep -inOvim def": "the short option -O",
+    "grep --open-files-in-pager=sh def": "--open-files-in-pager",
+    "grep --open def": "--open-files-in-pager",
+    "log -o x": "the short option -o",
+    "show -c HEAD": "the short option -c",
+    "log --config-env=core.pager=X": "--config",
+    "diff --no-index /etc/passwd x": "--no-index",
+    "blame --contents /etc/passwd toylib/__init__.py": "--contents",
+    "log --show-signature": "--show-signature",
+    "log --help": "--help",
+    "log --upload-pack=sh": "--upload-pack",
+    "log 'unclosed": "cannot split",
+    "": "no subcommand",
+    "git": "no subcommand",
+    "log " + "x " * 70: "arguments (at most 64)",
+    "log a\x00b": "NUL",
+}
+
+
+def test_hostile_git_commands_are_refused_before_anything_runs(tmp_path):
+  ws = tools.Workspace(write_toy(tmp_path / "repo"), NoSuite(), TOY.tests,
+                       tools.ToolConfig(git=True))
+  for command, why in HOSTILE.items():
+    obs, ep = step(ws, "git", command=command)
+    assert obs.startswith("error: git: ") and why in obs, (command, obs)
+    assert not ep.turns[-1].ok and ep.stop is None, command
+  # What a read-only look needs passes the checks (the argument lists by hand).
+  assert git_tool.parse_command("git log --oneline -3") == ["log", "--oneline", "-3"]
+  assert git_tool.parse_command("show 'HEAD~1:toylib/__init__.py'") == [
+      "show", "HEAD~1:toylib/__init__.py"]
+  assert git_tool.parse_command("log -Scount -p") == ["log", "-Scount", "-p"]  # -S's value
+  assert git_tool.parse_command("status -uno") == ["status", "-uno"]  # -u's value
+  assert git_tool.parse_command("diff -- -odd") == ["diff", "--", "-odd"]  # a path
+  assert git_tool.parse_command("log --pretty=format:%s --no-ext-diff")[0] == "log"
+
+
+def test_git_internals_are_refused_and_counted(tmp_path):
+  root = tmp_path / "repo"
+  repo.checkout(write_toy(tmp_path / "tree"), ADD_TASK, root, keep_history=True)
+  os.symlink(".git", root / "history")  # a link into .git is refused as .git itself
+  ws = tools.Workspace(root, NoSuite(), TOY.tests)
+  ep = episode_lib.SweEpisode(ws, episode_lib.Budget(max_errors=10))
+  for name, args in (("read_file", {"path": ".git/HEAD"}),
+                     ("grep", {"pattern": "a + b", "path": ".git"}),
+                     ("list_dir", {"path": "./.git/objects"}),
+                     ("read_file", {"path": "history/HEAD"}),
+                     ("read_file", {"path": "../secret"})):
+    obs = ep.step(tools.call_text(name, **args))
+    assert obs.startswith("error: "), obs
+  assert ep.info()["git_internals"] == 4 and ep.info()["refused_paths"] == 5
+  assert ".git" not in ep.step(tools.call_text("list_dir"))
+
+
+def test_git_runs_in_the_sandbox_on_the_episode_checkout(toy_tree, suite, tmp_path):
+  root = tmp_path / "leaky"
+  repo.checkout(toy_tree, ADD_TASK, root, keep_history=True)
+  ws = tools.Workspace(root, suite, TOY.tests, tools.ToolConfig(git=True))
+
+  def git_obs(command):
+    obs, ep = step(ws, "git", command=command)
+    assert ep.turns[-1].ok, obs
+    return obs
+  assert git_obs("show HEAD~1:toylib/__init__.py") == TOY_LIB
+  assert [line.split(" ", 1)[1] for line in git_obs("log --oneline").splitlines()] == [
+      "Update", "Initial commit"]
+  assert git_obs("status --porcelain") == "(no output)"
+  step(ws, "search_replace", path="toylib/__init__.py", search="return a - b",
+       replace="return a * b")
+  assert git_obs("status --porcelain") == " M toylib/__init__.py\n"
+  diff = git_obs("diff")  # the episode's own change, against HEAD
+  assert "-    return a - b\n+    return a * b" in diff
+  assert "-    return a + b\n+    return a * b" in git_obs("diff HEAD~1")
+  assert git_obs("log --bogus").startswith("git exited with status 128\nfatal: unrecognized")
+  # The default checkout has no HEAD~1 to read.
+  repo.checkout(toy_tree, ADD_TASK, tmp_path / "clean")
+  clean = tools.Workspace(tmp_path / "clean", suite, TOY.tests, tools.ToolConfig(git=True))
+  obs, _ = step(clean, "git", command="show HEAD~1:toylib/__init__.py")
+  assert obs.startswith("git exited with status 128\nfatal: ") and "a + b" not in obs
+  # Output is capped and marked; the host's checkout is untouched by what ran.
+  small = tools.Workspace(root, suite, TOY.tests,
+                          tools.ToolConfig(git=True, max_output_chars=100))
+  assert "[output cut: showing 100 of" in step(small, "git", command="log -p")[0]
+  assert git(root, "status", "--porcelain") == " M toylib/__init__.py\n"
+  start = time.perf_counter()
+  for _ in range(10):
+    git_obs("log --oneline")
+  print(f"git tool latency through the sandbox: {(time.perf_counter() - start) / 10:.4f} s")
