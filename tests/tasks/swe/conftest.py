@@ -1,5 +1,5 @@
-"""A toy library with its own pytest tests, written in tmp (fast SWE tests), and a suite
-runner on sandbox cells shared by the session."""
+"""A toy library with its own pytest tests, written in tmp (fast SWE tests), a suite
+runner on sandbox cells shared by the session, and the toy library's synthesized tasks."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from evotrainer import sandbox
 from evotrainer.tasks.swe import runner as runner_lib
+from evotrainer.tasks.swe import synth
 from evotrainer.tasks.swe.sources import Source
 
 TOY_LIB = textwrap.dedent('''\
@@ -99,3 +100,12 @@ def suite():
     pytest.skip(str(e))
   with runner_lib.SuiteRunner(workers=2, timeout_s=60) as s:
     yield s
+
+
+@pytest.fixture(scope="module")
+def toy_tasks(toy_tree, suite):
+  """Tasks synthesized on the toy library (at least 6; a few seconds)."""
+  tasks, stats = synth.synthesize(TOY, toy_tree, suite,
+                                  synth.SynthConfig(max_tasks=12, max_candidates=40))
+  assert len(tasks) >= 6, stats
+  return tasks

@@ -10,9 +10,13 @@ import time
 
 import pytest
 
+from evotrainer.harness.base import Evidence
+from evotrainer.harness.diagnostics_swe import GitUsage
+from evotrainer.harness.validators import HistoryLeak, LeakDetector
 from evotrainer.tasks.swe import episode as episode_lib
-from evotrainer.tasks.swe import git_tool, repo, tools
+from evotrainer.tasks.swe import agents, git_tool, repo, tools
 from evotrainer.tasks.swe.records import Mutation, SweTask
+from evotrainer.types import Episode
 
 from tests.tasks.swe.conftest import TOY, TOY_LIB, TOY_TEST_IDS, write_toy
 
@@ -179,3 +183,79 @@ def test_git_runs_in_the_sandbox_on_the_episode_checkout(toy_tree, suite, tmp_pa
   for _ in range(10):
     git_obs("log --oneline")
   print(f"git tool latency through the sandbox: {(time.perf_counter() - start) / 10:.4f} s")
+
+
+# ------------------------------------------------------------------ the history agent
+
+
+def test_diff_edits_by_hand():
+  diff = "\n".join([
+      "diff --git a/pkg/a.py b/pkg/a.py", "index 1111111..2222222 100644",
+      "--- a/pkg/a.py", "+++ b/pkg/a.py",
+      "@@ -3,3 +3,3 @@ def f():",
+      " def add(a, b):", "-    return a - b", "+    return a + b", " ",
+      "@@ -10,2 +10,3 @@", "     s = 0", "+    s += 1", "     return s",
+      "diff --git a/new.py b/new.py", "new file mode 100644", "--- /dev/null",
+      "+++ b/new.py", "@@ -0,0 +1 @@", "+x = 1",
+      "--- a/cut.py", "+++ b/cut.py", "@@ -1,3 +1,3 @@", " a", "-b",
+      "[output cut: showing 600 of 900 characters]"])
+  assert agents.diff_edits(diff) == [
+      ("pkg/a.py", "def add(a, b):\n    return a - b\n", "def add(a, b):\n    return a + b\n"),
+      ("pkg/a.py", "    s = 0\n    return s", "    s = 0\n    s += 1\n    return s")]
+  assert agents.diff_edits("git exited with status 128\nfatal: bad revision") == []
+
+
+def play(agent, tasks, tree, suite, work, keep_history, config):
+  """Each task's episode on a fresh checkout, played by `agent(task, episode)` and graded:
+  [(types.Episode as the harness gets it, resolved)]."""
+  out, dirs = [], []
+  for task in tasks:
+    dest = work / task.instance_id
+    repo.checkout(tree, task, dest, keep_history=keep_history)
+    ep = episode_lib.SweEpisode(tools.Workspace(dest, suite, TOY.tests, config))
+    agent(task, ep)
+    out.append(ep)
+    dirs.append(dest)
+  grades = repo.grade_many(tasks, [tree] * len(tasks), dirs, suite, [TOY.tests] * len(tasks))
+  return [(Episode(episode_id=f"{work.name}/{t.instance_id}", group_id=i, task_id=t.instance_id,
+                   prompt=t.problem_statement, completion="".join(x.text for x in ep.turns),
+                   answer="", reward_parts=episode_lib.reward_parts(g, ep), info=ep.info(),
+                   split="heldout"), g.resolved)
+          for i, (t, ep, g) in enumerate(zip(tasks, out, grades))]
+
+
+def oracle_agent(task, ep):
+  for text in agents.oracle_turns(task):
+    ep.step(text)
+
+
+@pytest.mark.slow
+def test_history_agent_resolves_with_history_and_the_validator_rejects_it(
+    toy_tree, toy_tasks, suite, tmp_path):
+  git_on = tools.ToolConfig(git=True)
+  history = lambda task, ep: agents.history_agent(ep)  # noqa: E731 (it knows no task)
+  leaky = play(history, toy_tasks, toy_tree, suite, tmp_path / "leaky", True, git_on)
+  cleared = play(history, toy_tasks, toy_tree, suite, tmp_path / "cleared", False, git_on)
+  no_tool = play(history, toy_tasks, toy_tree, suite, tmp_path / "no_tool", True,
+                 tools.ToolConfig())
+  n = len(toy_tasks)
+  rates = [sum(r for _, r in runs) / n for runs in (leaky, cleared, no_tool)]
+  print(f"history agent on {n} toy tasks: resolved {rates[0]:.2f} with history, "
+        f"{rates[1]:.2f} with the history cleared, {rates[2]:.2f} without the git tool")
+  assert rates == [1.0, 0.0, 0.0]
+  # The harness sees the leak: every leaky episode read HEAD~1, and says which.
+  eps = [e for e, _ in leaky]
+  verdict = HistoryLeak()(Evidence(episodes=eps, series={}, heldout={}))
+  assert not verdict.passed and verdict.value == 1.0
+  assert verdict.reason.startswith(f"history_leak: fail, {n} of {n} episodes read the "
+                                   f"repository's history (1.000, max 0.0): {n} history "
+                                   f"reads in {n} git calls (git diff x{n}); e.g. leaky/")
+  assert not LeakDetector()(Evidence(episodes=eps, series={}, heldout={})).passed
+  assert GitUsage()(eps, {}).metrics == {"git_call_share": 1.0, "git_history_share": 1.0,
+                                         "history_read_share": 1.0}
+  # The oracle (it reads and fixes the code) passes both, on the same leaky checkouts.
+  oracle = play(oracle_agent, toy_tasks, toy_tree, suite, tmp_path / "oracle", True, git_on)
+  assert all(r for _, r in oracle)
+  clean = Evidence(episodes=[e for e, _ in oracle], series={}, heldout={})
+  assert HistoryLeak()(clean).passed and LeakDetector()(clean).passed
+  assert HistoryLeak()(clean).value == 0.0
