@@ -15,20 +15,9 @@ from evotrainer.harness.diagnostics_swe import GitUsage
 from evotrainer.harness.validators import HistoryLeak, LeakDetector
 from evotrainer.tasks.swe import episode as episode_lib
 from evotrainer.tasks.swe import agents, git_tool, repo, tools
-from evotrainer.tasks.swe.records import Mutation, SweTask
 from evotrainer.types import Episode
 
-from tests.tasks.swe.conftest import TOY, TOY_LIB, TOY_TEST_IDS, write_toy
-
-# A bug planted by hand in the toy library: `add` subtracts. test_add (2 - 3 != 5) and
-# test_add_negative (-1 - 1 != 0) fail; nothing else calls `add`.
-ADD_F2P = ("tests/test_toylib.py::test_add", "tests/test_toylib.py::test_add_negative")
-ADD_TASK = SweTask(
-    instance_id="toylib-add", repo="toylib==0.1.0", base="", problem_statement="add is wrong",
-    FAIL_TO_PASS=ADD_F2P, PASS_TO_PASS=tuple(sorted(TOY_TEST_IDS - set(ADD_F2P))),
-    mutation=Mutation("toylib/__init__.py", "add", "operator_swap", 5, "return a + b",
-                      "return a - b"))
-
+from tests.tasks.swe.conftest import ADD_TASK, TOY, TOY_LIB, write_toy
 
 def git(cwd, *args) -> str:
   return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
