@@ -20,7 +20,9 @@ checked here before anything runs:
   - no short option `UNSAFE_SHORT` in a cluster (`-O<pager>` of `git grep` runs a
     program, `-o`, `-c`), read the way git reads clusters: letters are flags until one
     that takes a value (the subcommand's `VALUE_SHORT`), whose value is the rest
-    (`log -Scount` is pickaxe; `grep -nOvim` runs vim and is refused).
+    (`log -Scount` is pickaxe; `grep -nOvim` runs vim and is refused);
+  - no argument that is an absolute path or climbs out with `..` (`git diff` compares
+    a path outside the working tree with no `--no-index`).
 A refused command is a `CallError` (the observation says why); nothing runs.
 
 An accepted command runs in a sandbox cell (the suite runner's pool), never on the
@@ -92,7 +94,7 @@ def parse_command(command: str) -> list[str]:
 
   Raises:
     GitRefused: not splittable, empty, a subcommand not in `SUBCOMMANDS`, an unsafe
-      option, too many arguments or a NUL.
+      option, a path outside the repository, too many arguments or a NUL.
   """
   try:
     argv = shlex.split(command)
@@ -111,10 +113,14 @@ def parse_command(command: str) -> list[str]:
     what = "options before the subcommand are" if argv[0].startswith("-") else (
         f"{argv[0][:40]!r} is")
     raise GitRefused(f"git: {what} not allowed; read-only subcommands: {allowed}")
+  paths = False
   for arg in argv[1:]:
-    if arg == "--":
-      break  # the rest are paths
-    why = unsafe_option(arg, argv[0])
+    if arg == "--" and not paths:
+      paths = True  # the rest are paths
+      continue
+    why = "" if paths else unsafe_option(arg, argv[0])
+    if not why and (arg.startswith(("/", "~")) or ".." in pathlib.PurePosixPath(arg).parts):
+      why = "a path outside the repository"
     if why:
       raise GitRefused(f"git: {arg[:80]!r} is refused ({why}); the tool is read-only")
   return argv

@@ -9,14 +9,18 @@ import subprocess
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from evotrainer import sandbox
 from evotrainer.harness.base import Evidence
-from evotrainer.harness.diagnostics_swe import GitUsage
+from evotrainer.harness.diagnostics_swe import GitUsage, history_access
 from evotrainer.harness.validators import HistoryLeak, LeakDetector
 from evotrainer.tasks.swe import episode as episode_lib
 from evotrainer.tasks.swe import agents, git_tool, repo, tools
 from evotrainer.types import Episode
 
+from tests.fuzz_text import FUZZ, model_text, within
 from tests.tasks.swe.conftest import ADD_TASK, TOY, TOY_LIB, write_toy
 
 def git(cwd, *args) -> str:
@@ -101,6 +105,8 @@ HOSTILE = {
     "git": "no subcommand",
     "log " + "x " * 70: "arguments (at most 64)",
     "log a\x00b": "NUL",
+    "diff /etc/passwd toylib/__init__.py": "a path outside the repository",
+    "diff -- ../secret x": "a path outside the repository",
 }
 
 
@@ -119,6 +125,36 @@ def test_hostile_git_commands_are_refused_before_anything_runs(tmp_path):
   assert git_tool.parse_command("status -uno") == ["status", "-uno"]  # -u's value
   assert git_tool.parse_command("diff -- -odd") == ["diff", "--", "-odd"]  # a path
   assert git_tool.parse_command("log --pretty=format:%s --no-ext-diff")[0] == "log"
+
+
+GIT_FRAGMENTS = ("git ", "log", "show", "diff", "grep", " ", "-", "--", "-O", "-c", "-S",
+                 "--output=", "--no-index", "--ext", "HEAD~1", "HEAD^", ":", "..", "/", "'",
+                 '"', "\\", "=", "\x00", "\n")
+
+
+class EmptyRun:
+  """A sandbox stand-in whose every run prints nothing (the property is about parsing)."""
+
+  def run_program(self, *a, **k):
+    return sandbox.RunResult(sandbox.Status.OK, 0, "", "", False, False, 0.0, 0.0)
+
+
+@FUZZ
+@given(st.one_of(model_text(), st.lists(st.sampled_from(GIT_FRAGMENTS), max_size=30)
+                 .map("".join)))
+def test_any_git_command_text_is_checked_never_a_crash(tmp_path_factory, command):
+  with within(what="parse_command"):
+    try:
+      argv = git_tool.parse_command(command)
+    except git_tool.GitRefused as e:
+      assert str(e).startswith("git: ")
+    else:
+      assert argv[0] in git_tool.SUBCOMMANDS and not any("\x00" in a for a in argv)
+    history_access({"name": "git", "args": {"command": command}})
+  ws = tools.Workspace(write_toy(tmp_path_factory.mktemp("fuzz") / "repo"), EmptyRun(),
+                       TOY.tests, tools.ToolConfig(git=True))
+  obs, _ = step(ws, "git", command=command)
+  assert isinstance(obs, str)
 
 
 def test_git_internals_are_refused_and_counted(tmp_path):
