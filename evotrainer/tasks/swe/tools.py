@@ -116,6 +116,10 @@ class ToolConfig:
   git: bool = False
   git_timeout_s: float = 10.0
 
+  def __post_init__(self):
+    if not self.git_timeout_s > 0:
+      raise ValueError(f"ToolConfig.git_timeout_s={self.git_timeout_s}: expected seconds > 0")
+
   def tool_args(self) -> dict[str, dict[str, tuple[tuple[type, ...], bool]]]:
     """The offered tools: {name: {argument: (types, required)}}."""
     return {**TOOL_ARGS, "git": GIT_ARGS} if self.git else TOOL_ARGS

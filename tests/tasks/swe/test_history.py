@@ -71,6 +71,8 @@ def test_the_git_tool_is_off_by_default(tmp_path):
   assert ep.info()["tool_calls"] == [] and not ep.turns[-1].ok
   on = tools.Workspace(tmp_path / "repo", NoSuite(), TOY.tests, tools.ToolConfig(git=True))
   assert "submit, git" in step(on, "nope")[0]
+  with pytest.raises(ValueError, match="git_timeout_s=0"):
+    tools.ToolConfig(git=True, git_timeout_s=0)
 
 
 HOSTILE = {
