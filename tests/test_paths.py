@@ -1,0 +1,143 @@
+"""The workdir path layer: local paths unchanged, gs:// through epath (a local stand-in for
+GCS, tests/fake_gcs.py), and the rollout store and checkpoints on top of it."""
+
+import json
+import os
+import pathlib
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from evotrainer import checkpoint as ck
+from evotrainer import paths
+from evotrainer.model import ModelConfig, Transformer
+from evotrainer.rollouts import CorruptRolloutError, RolloutExistsError, RolloutStore
+from tests.fake_gcs import fake_gcs
+from tests.rollouts.test_store import assert_same, make_episodes
+
+CFG = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=1,
+                  num_heads=2, num_kv_heads=1, head_dim=8)
+
+
+@pytest.fixture
+def gcs(tmp_path, monkeypatch):
+  """A fake bucket root; the cwd is an empty directory (no `gs:` may appear in it) and
+  mirrors go under tmp_path."""
+  cwd = tmp_path / "cwd"
+  cwd.mkdir()
+  monkeypatch.chdir(cwd)
+  gin.clear_config()
+  gin.bind_parameter("workdir_mirror.directory", None)
+  monkeypatch.setattr(paths, "DEFAULT_MIRROR_ROOT", str(tmp_path / "mirrors"))
+  with fake_gcs(tmp_path / "bucket-root") as root:
+    yield root
+  assert os.listdir(cwd) == [], "a local directory was created for a URL"
+  gin.clear_config()
+
+
+def test_scheme_and_local_paths_unchanged(tmp_path):
+  assert paths.scheme("gs://b/run") == "gs" and paths.scheme("/a/gs://x") is None
+  assert not paths.is_remote("runs/x") and paths.is_remote("gs://b/x")
+  assert isinstance(paths.as_path(tmp_path / "a"), pathlib.Path)
+  assert type(paths.as_path("runs/a")) is type(pathlib.Path("runs/a"))
+  assert paths.resolve("runs/a") == os.path.abspath("runs/a")
+  assert paths.resolve("~/x") == os.path.expanduser("~/x")
+  assert paths.mirror_dir(tmp_path / "w") == tmp_path / "w"  # a local workdir is its own
+  with pytest.raises(paths.RemotePathError, match=r"memory:// is not supported.*gs://"):
+    paths.check("memory://x/run")
+  paths.write_atomic(tmp_path / "f.json", '{"a": 1}')
+  paths.write_atomic(tmp_path / "f.json", b'{"a": 2}')
+  assert json.loads((tmp_path / "f.json").read_text()) == {"a": 2}
+  assert sorted(os.listdir(tmp_path)) == ["f.json"]  # no temporary left behind
+
+
+def test_gs_paths_land_in_the_bucket(gcs):
+  assert paths.resolve("gs://b/run") == "gs://b/run"
+  paths.makedirs("gs://b/run")  # nothing to create on an object store
+  paths.write_atomic("gs://b/run/summary.json", json.dumps({"x": 1}))
+  assert json.loads((gcs / "b/run/summary.json").read_text()) == {"x": 1}
+  assert paths.as_path("gs://b/run/summary.json").read_text() == '{"x": 1}'
+
+
+def test_mirror_uploads_changes_and_fetches_on_restart(gcs, tmp_path):
+  mirror = paths.Mirror("gs://b/run")
+  assert mirror.dir.parent == tmp_path / "mirrors"
+  log = mirror.local("metrics.jsonl")
+  log.write_text('{"step": 1}\n')
+  (mirror.local("tensorboard")).mkdir()
+  (mirror.local("tensorboard") / "events.1").write_bytes(b"\x00\x01")
+  mirror.push("metrics.jsonl", "tensorboard")
+  assert (gcs / "b/run/metrics.jsonl").read_text() == '{"step": 1}\n'
+  assert (gcs / "b/run/tensorboard/events.1").read_bytes() == b"\x00\x01"
+  with open(log, "a") as f:
+    f.write('{"step": 2}\n')
+  mirror.sync_every_s = 3600.0
+  mirror.push("metrics.jsonl", throttle=True)  # within the interval: not yet
+  assert (gcs / "b/run/metrics.jsonl").read_text() == '{"step": 1}\n'
+  mirror.push("metrics.jsonl")
+  assert (gcs / "b/run/metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
+  # Another host (an empty mirror) starts from the workdir's copy; a copy the workdir no
+  # longer has is dropped rather than appended to.
+  gin.bind_parameter("workdir_mirror.directory", str(tmp_path / "host2"))
+  other = paths.Mirror("gs://b/run")
+  assert other.dir == tmp_path / "host2"
+  assert other.fetch("metrics.jsonl")
+  assert other.local("metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
+  other.local("findings.jsonl").write_text("stale\n")
+  assert not other.fetch("findings.jsonl")
+  assert not other.local("findings.jsonl").exists()
+
+
+def test_rollout_store_on_gs(gcs):
+  store = RolloutStore("gs://b/run/rollouts")
+  eps = make_episodes(step=3)
+  path = store.write("v0", 3, "train", eps, meta={"k": 1})
+  assert str(path) == "gs://b/run/rollouts/v0/train/step-00000003.parquet"
+  assert (gcs / "b/run/rollouts/v0/train/step-00000003.parquet").is_file()
+  assert store.exists("v0", 3, "train") and store.steps("v0", "train") == [3]
+  assert store.versions() == ["v0"] and store.splits("v0") == ["train"]
+  assert [e.episode_id for e in store.read(version="v0")] == [e.episode_id for e in eps]
+  got = store.read(version="v0")
+  assert len(got) == len(eps)
+  for g, w in zip(got, eps):
+    assert_same(g, w)
+  assert store.step_metadata("v0", 3, "train").meta == {"k": 1}
+  with pytest.raises(RolloutExistsError):
+    store.write("v0", 3, "train", eps)
+  # A damaged file is moved to the quarantine (never deleted) with its reason.
+  f = gcs / "b/run/rollouts/v0/train/step-00000003.parquet"
+  f.write_bytes(f.read_bytes()[:-40])
+  with pytest.raises(CorruptRolloutError):
+    store.read_step("v0", 3, "train")
+  q = gcs / "b/run/rollouts/_quarantine/v0/train"
+  assert sorted(os.listdir(q)) == ["step-00000003.parquet", "step-00000003.parquet.reason.json"]
+  assert not store.exists("v0", 3, "train")
+
+
+def test_checkpoints_and_model_export_on_gs(gcs):
+  model = Transformer(CFG, rngs=nnx.Rngs(0))
+  params = nnx.state(model, nnx.Param)
+  with ck.Checkpoints("gs://b/run/checkpoints", max_to_keep=2) as ckpts:
+    assert ckpts.directory == "gs://b/run/checkpoints"
+    for step in (1, 2, 3):
+      moved = jax.tree.map(lambda x, s=step: x + s, params)
+      assert ckpts.save(step, {"params": moved}, {"step": step}).startswith("gs://b/run/")
+    assert ckpts.all_steps() == [2, 3]
+    restored, meta = ckpts.restore(None, {"params": params})
+  assert meta == {"step": 3}
+  for a, b in zip(jax.tree.leaves(restored["params"]), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b) + 3)
+  assert sorted(d for d in os.listdir(gcs / "b/run/checkpoints") if d.isdigit()) == ["2", "3"]
+  assert (gcs / "b/run/checkpoints/3/commit_success.txt").is_file()
+  ck.save_model("gs://b/run/model", model)
+  other = nnx.clone(model)
+  nnx.update(other, jax.tree.map(jnp.zeros_like, params))
+  ck.restore_params_into("gs://b/run/model", other)
+  for a, b in zip(jax.tree.leaves(nnx.state(other, nnx.Param)), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(ck.CheckpointError, match="no model checkpoint at gs://b/none"):
+    ck.restore_params_into("gs://b/none", other)
