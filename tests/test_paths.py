@@ -18,7 +18,9 @@ from evotrainer.model import ModelConfig, Transformer
 from evotrainer.rollouts import CorruptRolloutError, RolloutExistsError, RolloutStore
 from tests.fake_gcs import fake_gcs
 from tests.rollouts.test_store import assert_same, make_episodes
+from tests.test_train import _metrics, _run, setup  # noqa: F401  (setup: a fixture)
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=1,
                   num_heads=2, num_kv_heads=1, head_dim=8)
 
@@ -141,3 +143,71 @@ def test_checkpoints_and_model_export_on_gs(gcs):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   with pytest.raises(ck.CheckpointError, match="no model checkpoint at gs://b/none"):
     ck.restore_params_into("gs://b/none", other)
+
+
+def test_operative_config_fingerprint_and_lock_of_a_gs_workdir(gcs, tmp_path):
+  from evotrainer import config as config_lib
+  from evotrainer import workdir as workdir_lib
+  assert config_lib.write_operative_config("gs://b/run") == "gs://b/run/operative_config.gin"
+  assert (gcs / "b/run/operative_config.gin").is_file()
+  assert workdir_lib.check_fingerprint("gs://b/run", config={"a": "1"}) is None
+  assert json.loads((gcs / "b/run/run_fingerprint.json").read_text())["config"] == {"a": "1"}
+  with pytest.raises(workdir_lib.FingerprintMismatch, match="a: 1 -> 2"):
+    workdir_lib.check_fingerprint("gs://b/run", config={"a": "2"})
+  assert workdir_lib.check_fingerprint("gs://b/run", config={"a": "2"},
+                                       new_segment=True) == ["a: 1 -> 2"]
+  workdir_lib.check_fingerprint("gs://b/run", config={"a": "3"}, new_segment=True)
+  segments = (gcs / "b/run/segments.jsonl").read_text().splitlines()
+  assert [json.loads(s)["changes"] for s in segments] == [["a: 1 -> 2"], ["a: 2 -> 3"]]
+  workdir_lib.check_built("gs://b/run", tokenizer="t1", model={"d": 1})
+  (gcs / "b/run/checkpoints/1").mkdir(parents=True)
+  (gcs / "b/run/checkpoints/1/x").write_text("w")
+  with pytest.raises(workdir_lib.FingerprintMismatch, match="trained with another tokenizer"):
+    workdir_lib.check_built("gs://b/run", tokenizer="t2", model={"d": 1})
+  # No flock on an object store: the lock lies in the workdir's local mirror.
+  with workdir_lib.WorkdirLock("gs://b/run") as lock:
+    assert lock.path == paths.mirror_dir("gs://b/run") / workdir_lib.LOCK_NAME
+    assert lock.path.is_relative_to(tmp_path / "mirrors")
+    assert workdir_lib.holder("gs://b/run")["pid"] == os.getpid()
+    rc, out = _lock_from_another_process("gs://b/run", tmp_path)
+    assert rc == 3 and "workdir gs://b/run is in use by pid" in out, out
+  assert not (gcs / "b/run" / workdir_lib.LOCK_NAME).exists()
+
+
+def _lock_from_another_process(workdir, tmp_path) -> tuple[int, str]:
+  """(exit code, output) of WorkdirLock.acquire in a child process (3: refused)."""
+  import subprocess
+  import sys
+  code = (f"import sys; sys.path.insert(0, {REPO!r}); from evotrainer import paths, workdir\n"
+          f"paths.DEFAULT_MIRROR_ROOT = {str(tmp_path / 'mirrors')!r}\n"
+          f"try:\n  workdir.WorkdirLock({workdir!r}).acquire()\n"
+          f"except workdir.WorkdirLocked as e:\n  print(e); sys.exit(3)\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        timeout=120)
+  return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_train_into_a_gs_workdir_and_resume_on_another_host(setup, gcs, tmp_path, capsys):
+  """Checkpoints, metrics, TensorBoard files and rollouts land in the bucket; a second host
+  (an empty mirror) resumes from the bucket alone. (That a resume continues exactly as an
+  uninterrupted run is tests/test_train.py's test, on the same code path.)"""
+  _run(setup, "gs://b/run", steps=1)
+  run = gcs / "b/run"
+  assert sorted(os.listdir(run / "checkpoints")) == ["1"]
+  assert os.listdir(run / "rollouts/v0/train") == ["step-00000001.parquet"]
+  assert sorted(os.listdir(run / "rollouts/v0/heldout")) == [
+      "step-00000000.parquet", "step-00000001.parquet"]
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(run / "tensorboard"))
+  assert sorted(_metrics(run)) == [1]
+  first = _metrics(run)[1]
+  gin.bind_parameter("workdir_mirror.directory", str(tmp_path / "host2"))
+  capsys.readouterr()
+  out = _run(setup, "gs://b/run", steps=2)
+  assert "[train] resumed from step 1 (gs://b/run/checkpoints)" in capsys.readouterr().out
+  assert out["steps"] == 2 and [h["step"] for h in out["history"]] == [1, 2]
+  assert sorted(os.listdir(run / "checkpoints")) == ["1", "2"]
+  assert sorted(_metrics(run)) == [1, 2]  # nothing logged twice after the resume
+  assert _metrics(run)[1] == first
+  assert (tmp_path / "host2" / "metrics.jsonl").read_text() == \
+      (run / "metrics.jsonl").read_text()
