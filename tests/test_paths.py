@@ -211,3 +211,23 @@ def test_train_into_a_gs_workdir_and_resume_on_another_host(setup, gcs, tmp_path
   assert _metrics(run)[1] == first
   assert (tmp_path / "host2" / "metrics.jsonl").read_text() == \
       (run / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("mode,workdir,message", [
+    ("evolve", "gs://b/run", "run.mode='evolve' needs a local --workdir"),
+    ("sweep", "gs://b/run", "run.mode='sweep' needs a local --workdir"),
+    ("train", "memory://b/run", "the scheme memory:// is not supported for a workdir"),
+])
+def test_launch_refuses_what_a_remote_workdir_cannot_do(tmp_path, mode, workdir, message):
+  """Refused before anything is built or written, and no local `gs:` directory appears."""
+  import subprocess
+  import sys
+  proc = subprocess.run(
+      [sys.executable, "-m", "evotrainer.launch", f"--gin_file={REPO}/gin/math.gin",
+       f"--gin_file={REPO}/gin/tiny.gin", f"--gin_bindings=run.mode = '{mode}'",
+       f"--workdir={workdir}"],
+      cwd=tmp_path, env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"},
+      capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+  assert f"error (config): " in proc.stderr and message in proc.stderr, proc.stderr
+  assert os.listdir(tmp_path) == []
