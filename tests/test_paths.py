@@ -231,3 +231,24 @@ def test_launch_refuses_what_a_remote_workdir_cannot_do(tmp_path, mode, workdir,
   assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
   assert f"error (config): " in proc.stderr and message in proc.stderr, proc.stderr
   assert os.listdir(tmp_path) == []
+
+
+def test_metric_writer_on_gs_truncates_and_uploads(gcs, tmp_path):
+  from evotrainer.train import MetricWriter
+  from evotrainer.types import Finding
+  gin.bind_parameter("workdir_mirror.sync_every_s", 3600.0)
+  writer = MetricWriter("gs://b/run")
+  for step in (1, 2, 3):
+    writer.write(step, {"reward": float(step), "nan": float("nan")})
+    writer.write_findings(step, [Finding(kind="k", layer="score", severity=0.5, value=1.0,
+                                         threshold=0.5, message=f"m{step}")])
+  assert not (gcs / "b/run/metrics.jsonl").exists()  # throttled: nothing uploaded yet
+  writer.sync()
+  rows = [json.loads(l) for l in (gcs / "b/run/metrics.jsonl").read_text().splitlines()]
+  assert rows == [{"step": s, "reward": float(s), "nan": None} for s in (1, 2, 3)]
+  writer.truncate_after(2)  # a resume from step 2: uploaded at once
+  assert [json.loads(l)["step"] for l in
+          (gcs / "b/run/metrics.jsonl").read_text().splitlines()] == [1, 2]
+  assert [json.loads(l)["message"] for l in
+          (gcs / "b/run/findings.jsonl").read_text().splitlines()] == ["m1", "m2"]
+  assert any(f.startswith("events.out") for f in os.listdir(gcs / "b/run/tensorboard"))

@@ -137,3 +137,17 @@ def test_ledger_root_keeps_relative_paths_against_the_workdir(env):
   with open_ledger(URL) as ledger:
     assert isinstance(ledger, Ledger) and ledger.resolve("versions/v1/model") == \
         URL + "/versions/v1/model"
+
+
+def test_ledger_mode_prints_a_gs_workdirs_ledger_from_another_host(env, capsys):
+  from evotrainer.run import run
+  _, tmp = env
+  _host(tmp, "host1")
+  with open_ledger(URL) as ledger:
+    ledger.add_version("v0", status="kept")
+  _host(tmp, "host2")
+  capsys.readouterr()
+  assert run(URL, mode="ledger", task=None) == {}
+  assert "v0" in capsys.readouterr().out
+  with pytest.raises(FileNotFoundError, match="no ledger.sqlite in gs://b/other"):
+    run("gs://b/other", mode="ledger", task=None)
