@@ -42,6 +42,10 @@ EXTRAS = {
     # resolves to the CPU wheel.
     # hypothesis: the property-based suites over model text (tests/fuzz_text.py).
     "test": ["torch==2.13.0", "pytest==9.2.0", "hypothesis==6.155.2"],
+    # gs:// workdirs (evotrainer/paths.py): fsspec's GCS file system for epath, and the
+    # client Orbax's GCS code calls. Resolved together with the pins above by pip; not
+    # installed in the test environment (tests use tests/fake_gcs.py).
+    "gcs": ["gcsfs==2026.10.1", "google-cloud-storage==3.17.1"],
 }
 
 

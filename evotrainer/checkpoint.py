@@ -29,6 +29,10 @@ computed on the devices that hold it (one reduction; no host copy; see checksums
 and every restore recomputes and compares it. A failed read or check raises
 `CheckpointError` naming the directory, the item and the array.
 
+Directories may be `gs://` URLs (evotrainer/paths.py): they reach Orbax unchanged (epath
+and TensorStore's GCS driver); on GCS Orbax writes in place and commits with
+`commit_success.txt` instead of a rename, which `all_steps` already requires.
+
 Restores target abstract arrays that carry their shardings (`jax.ShapeDtypeStruct(shape,
 dtype, sharding=...)`; see `abstract_params` and `with_shardings`), so each device reads
 only its own shard and a large model is never materialized on the host.
@@ -51,6 +55,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 
+from evotrainer import paths
 from evotrainer.checksums import array_checksums
 from evotrainer.model.config import ModelConfig, RopeScaling
 from evotrainer.sharding.multihost import is_multiprocess, is_primary
@@ -403,7 +408,7 @@ class Checkpoints:
       async_save: `save` returns once arrays are copied off the devices and writes in
         the background; `wait()` (or the next save, or `close`) waits for it.
     """
-    self.directory = os.path.abspath(os.fspath(os.path.expanduser(directory)))
+    self.directory = paths.resolve(directory)  # a gs:// URL passes through to Orbax
     if max_to_keep is not None and max_to_keep < 1:
       raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
     self._async = async_save
@@ -442,7 +447,7 @@ class Checkpoints:
     # background save is in flight corrupts the manager's own list (and its GC).
     steps = sorted(ocp.path.step.checkpoint_steps(self.directory))
     complete = [s for s in steps
-                if os.path.exists(os.path.join(self._step_dir(s), _COMMIT_FILE))]
+                if paths.as_path(self._step_dir(s)).joinpath(_COMMIT_FILE).exists()]
     if len(complete) < len(steps):
       log.warning("%s: ignoring incomplete step directories %s (no %s)", self.directory,
                   sorted(set(steps) - set(complete)), _COMMIT_FILE)
@@ -505,8 +510,8 @@ class Checkpoints:
       for b, why in bad:
         dst = os.path.join(aside, f"{b}-{int(time.time())}")
         if is_primary():  # one mover: the processes of a run share the directory
-          os.makedirs(aside, exist_ok=True)
-          os.replace(self._step_dir(b), dst)
+          paths.makedirs(aside)
+          paths.as_path(self._step_dir(b)).rename(dst)
         log.warning("checkpoint step %d is corrupted (%s); moved to %s; resuming from "
                     "step %d", b, why, dst, step)
         print(f"[checkpoint] WARNING: step {b} in {self.directory} is corrupted; moved to "
@@ -580,22 +585,22 @@ def save_model(directory: PathLike, model, *, overwrite: bool = False,
   Returns:
     The absolute path.
   """
-  path = os.path.abspath(os.fspath(os.path.expanduser(directory)))
-  if os.path.exists(path) and not overwrite:
+  path = paths.resolve(directory)
+  if paths.as_path(path).exists() and not overwrite:
     raise FileExistsError(f"{path} already exists (save_model(..., overwrite=True) "
                           "replaces it)")
   args = _save_args({"params": nnx.state(model, nnx.Param)}, metadata,
                     {MODEL_CONFIG: config_to_json(model.config)})
-  os.makedirs(os.path.dirname(path), exist_ok=True)
+  paths.makedirs(os.path.dirname(path))
   _checkpointer().save(path, args=args, force=overwrite)
   return path
 
 
 def _model_reader(directory: PathLike) -> tuple[str, Callable]:
-  path = os.path.abspath(os.fspath(os.path.expanduser(directory)))
-  if not os.path.isdir(path):
+  path = paths.resolve(directory)
+  if not paths.as_path(path).is_dir():
     raise CheckpointError(f"no model checkpoint at {path}")
-  if not os.path.exists(os.path.join(path, _COMMIT_FILE)):
+  if not paths.as_path(path).joinpath(_COMMIT_FILE).exists():
     raise CheckpointError(f"{path} is an incomplete model checkpoint (no {_COMMIT_FILE})")
   checkpointer = _checkpointer()
   return path, lambda args: checkpointer.restore(path, args=args)

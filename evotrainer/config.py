@@ -174,9 +174,8 @@ def compilation_cache(directory: Optional[str] = DEFAULT_COMPILATION_CACHE) -> O
 
 def write_operative_config(directory: str | os.PathLike, name: str = "operative_config.gin") -> str:
   """Writes the bindings actually used so far (call after the run built its objects)."""
-  path = pathlib.Path(directory) / name
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(".tmp")
-  tmp.write_text(gin.operative_config_str())
-  os.replace(tmp, path)
+  from evotrainer import paths  # pylint: disable=g-import-not-at-top
+  paths.makedirs(directory)
+  path = paths.as_path(directory) / name  # a local path or a gs:// URL
+  paths.write_atomic(path, gin.operative_config_str())
   return str(path)

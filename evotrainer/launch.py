@@ -6,7 +6,8 @@ Flags:
   --gin_search_paths    extra directories searched for gin files and includes.
   --import              Python modules to import first, so that their gin configurables
                         (a user's own reward part, diagnostic, ...) can be named in gin.
-  --workdir             run directory (default: runs/<name of the last gin file>).
+  --workdir             run directory (default: runs/<name of the last gin file>); a gs://
+                        URL for train, sample and ledger modes (evotrainer/paths.py).
   --sweep_file          the sweep file of run.mode='sweep' (sets `sweep.file`).
   --resume_from         start from the ledger and skills of an earlier sweep or evolution
                         workdir (sets `evolve.resume_from`).
@@ -64,6 +65,8 @@ flags.DEFINE_string("coordinator_address", None, "multi-host coordinator host:po
 flags.DEFINE_integer("num_processes", None, "multi-host process count.")
 flags.DEFINE_integer("process_id", None, "multi-host id of this process.")
 
+# Run modes that refuse a gs:// workdir (evotrainer/paths.py; README "Remote workdirs").
+_LOCAL_ONLY_MODES = ("evolve", "sweep", "branch")
 # Which flags each run mode reads; any other given flag is an error in that mode.
 _MODE_FLAGS = {"sweep": {"sweep_file", "resume_from", "new_segment"},
                "evolve": {"resume_from", "new_segment"},
@@ -95,7 +98,17 @@ def _check_flags(mode: str, workdir: str) -> None:
     _fail("config", f"{', '.join(unused)} is not used by run.mode='{mode}'; drop it (or set "
                     f"run.mode: --sweep_file is for 'sweep', --resume_from for 'evolve' "
                     f"and 'sweep')")
-  ledger = pathlib.Path(workdir) / "ledger.sqlite"
+  from evotrainer import paths
+  if paths.is_remote(workdir) and mode in _LOCAL_ONLY_MODES:
+    _fail("config", f"run.mode='{mode}' needs a local --workdir (a shared file system or a "
+                    f"gcsfuse mount), not {workdir}: its controller, branch children, skills "
+                    f"and report read and write the workdir as local files. gs:// workdirs "
+                    f"serve run.mode='train', 'sample' and 'ledger'")
+  try:
+    paths.check(workdir)
+  except paths.RemotePathError as e:
+    _fail("config", f"--workdir={workdir}: {e}")
+  ledger = paths.as_path(workdir) / "ledger.sqlite"
   if mode == "ledger" and not ledger.is_file():
     _fail("config", f"run.mode='ledger': no ledger in {workdir} ({ledger} does not exist); "
                     f"check --workdir")
@@ -168,8 +181,11 @@ def main(argv) -> None:
     known = errors.explain(e)
     if known is None:
       raise
-    where = (errors.write_traceback(pathlib.Path(workdir) / "error.log", e)
-             if pathlib.Path(workdir).is_dir() else None)
+    from evotrainer import paths  # a gs:// workdir's error.log stays in its local mirror
+    local = (None if paths.is_remote(workdir) and paths.scheme(workdir) not in paths.SCHEMES
+             else paths.mirror_dir(workdir))
+    where = (errors.write_traceback(local / "error.log", e)
+             if local is not None and local.is_dir() else None)
     if FLAGS.verbose:
       import traceback
       traceback.print_exc()

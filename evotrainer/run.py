@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
 import time
 
 import gin
+
+from evotrainer import paths
 
 MODES = ("train", "branch", "evolve", "sweep", "ledger", "sample")
 
@@ -36,7 +37,7 @@ def _print(msg: str = "") -> None:
 
 
 def _write_summary(workdir: str, summary: dict) -> None:
-  _write_json(pathlib.Path(workdir) / "summary.json", summary)
+  _write_json(paths.as_path(workdir) / "summary.json", summary)
 
 
 @gin.configurable(module="run")
@@ -176,10 +177,10 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
     _write_summary(workdir, summary)
     return summary
   if mode == "ledger":
-    from evotrainer.evolution.ledger import Ledger
-    if not (pathlib.Path(workdir) / "ledger.sqlite").is_file():  # never create one here
+    from evotrainer.evolution.ledger_mirror import ledger_exists, open_ledger
+    if not ledger_exists(workdir):  # never create one here
       raise FileNotFoundError(f"run.mode='ledger': no ledger.sqlite in {workdir}")
-    with Ledger(pathlib.Path(workdir) / "ledger.sqlite") as ledger:
+    with open_ledger(workdir) as ledger:
       _print(ledger.table())
     return {}
   import jax  # after flags: XLA_FLAGS set by the user apply
@@ -221,7 +222,7 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
          f"({'from scratch' if scratch else 'Hugging Face checkpoint'})")
   if mode in ("train", "branch"):
     _check_task(task, tok, c, sampling, train_problems)
-  pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
+  paths.makedirs(workdir)
   summary = {"mode": mode, "seed": seed,
              "model": {"architecture": c.architecture, "params": c.num_params(),
                        "source": "scratch" if scratch else "hf"}}
@@ -389,10 +390,8 @@ def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
   return result
 
 
-def _write_json(path: pathlib.Path, data: dict) -> None:
-  tmp = path.with_suffix(".tmp")
-  tmp.write_text(json.dumps(data, indent=2) + "\n")
-  os.replace(tmp, path)
+def _write_json(path, data: dict) -> None:
+  paths.write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def _exploit_recovery(task, tok, num_problems: int = 64) -> dict:

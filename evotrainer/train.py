@@ -16,7 +16,6 @@ import functools
 import json
 import logging
 import os
-import pathlib
 import threading
 import time
 from typing import Callable, Optional, Sequence
@@ -27,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from evotrainer import paths
 from evotrainer.checkpoint import Checkpoints
 from evotrainer.console import progress_bar
 from evotrainer.harness.diagnostics import run_diagnostics
@@ -143,14 +143,23 @@ class Background:
 
 
 class MetricWriter:
-  """Metrics as JSON lines (`metrics.jsonl`) and TensorBoard event files (thread-safe)."""
+  """Metrics as JSON lines (`metrics.jsonl`), findings (`findings.jsonl`) and TensorBoard
+  event files (thread-safe). In a `gs://` workdir they are appended to in its local mirror
+  and uploaded whole (evotrainer/paths.py): throttled on `write`, at once on `sync`."""
+
+  _LOGS = ("metrics.jsonl", "findings.jsonl", "tensorboard")
 
   def __init__(self, workdir: str):
     self._lock = threading.Lock()
-    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._mirror = paths.Mirror(workdir)
+    for name in self._LOGS[:2]:  # on a restart the mirror starts as the workdir's copy
+      self._mirror.fetch(name)
+    self._mirror.clear("tensorboard")
+    self.path = str(self._mirror.local("metrics.jsonl"))
+    self.findings_path = str(self._mirror.local("findings.jsonl"))
     try:
       from tensorboardX import SummaryWriter
-      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self.tb = SummaryWriter(str(self._mirror.local("tensorboard")))
     except ImportError:  # optional: JSON lines are the record
       self.tb = None
 
@@ -166,14 +175,28 @@ class MetricWriter:
           if isinstance(v, (int, float)):
             self.tb.add_scalar(k, v, step)
         self.tb.flush()
+      self._mirror.push(*self._LOGS, throttle=True)
+
+  def write_findings(self, step: int, findings: Sequence) -> None:
+    if not findings:
+      return
+    with self._lock:
+      with open(self.findings_path, "a") as f:
+        for x in findings:
+          f.write(json.dumps({"step": step, **dataclasses.asdict(x)}, default=str) + "\n")
 
   def truncate_after(self, step: int) -> None:
-    """Drops lines logged after `step` (work redone after a resume is not duplicated)."""
-    truncate_jsonl(self.path, step)
+    """Drops metrics and findings logged after `step` (work redone after a resume is not
+    duplicated)."""
+    with self._lock:
+      truncate_jsonl(self.path, step)
+      truncate_jsonl(self.findings_path, step)
+      self._mirror.push(*self._LOGS)
 
-
-def truncate_after_findings(workdir: str, step: int) -> None:
-  truncate_jsonl(os.path.join(workdir, "findings.jsonl"), step)
+  def sync(self) -> None:
+    """Uploads the logs of a `gs://` workdir now (before a checkpoint, at the end)."""
+    with self._lock:
+      self._mirror.push(*self._LOGS)
 
 
 def truncate_jsonl(path: str, step: int) -> None:
@@ -209,7 +232,8 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
 
   Args:
     workdir: run directory (checkpoints/, rollouts/, metrics.jsonl, findings.jsonl,
-      tensorboard/).
+      tensorboard/): a local path or a `gs://` URL (evotrainer/paths.py: the logs are
+      then written in a local mirror and uploaded whole).
     task: the domain (`train_problems`, `heldout_problems`, `format_prompt`, `score_many`);
       evaluation reads its validation split only. A task with `multi_turn = True`
       (`tasks.base.MultiTurnTask`) runs episodes through `rollouts.MultiTurnRollout`
@@ -260,7 +284,7 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
   sampling = sampling or SamplingParams()
   eval_config = eval_config or EvalConfig()
   start = time.time()
-  pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
+  paths.makedirs(workdir)
   vocab_limit = tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None
   learner = learner_factory(model, mesh, vocab_limit=vocab_limit)
   sampler = Sampler(model, pad_id=tokenizer.pad_id, mesh=mesh, vocab_limit=vocab_limit)
@@ -288,7 +312,6 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
     harness.load_state(meta.get("harness_state", {}), strict=False)
     if primary:
       writer.truncate_after(step0)
-      truncate_after_findings(workdir, step0)
     print(f"[train] resumed from step {step0} ({ckpts.directory})", flush=True)
   elif parent_checkpoints:
     parent = Checkpoints(parent_checkpoints, max_to_keep=None)
@@ -379,7 +402,7 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
     metrics["reward"] = float(out.rewards.mean())
     if primary:
       background.submit(functools.partial(
-          _bookkeeping, workdir, writer, store, diagnostics, version, step, episodes, out,
+          _bookkeeping, writer, store, diagnostics, version, step, episodes, out,
           lm, {"group_size": group_size, "target_groups": prompts_per_step,
                "harness": harness.describe()}))
     t_harness += time.time() - t0
@@ -408,6 +431,7 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
       bar.write(f"[train] step {step}: held-out {_fmt(ev)}")
     if step % checkpoint_every == 0 or last:
       background.flush()  # the step's rollouts are on disk before its checkpoint
+      writer.sync()  # ... and its logs in a gs:// workdir
       ckpts.save(step, {"state": state},
                  {"step": step, "seed": seed, "initial": initial, "history": history,
                   "harness_state": harness.state(), "harness": harness.describe()})
@@ -416,6 +440,7 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
       break
   bar.close()
   background.flush()
+  writer.sync()
   ckpts.wait()
   final = history[-1] if history and history[-1]["step"] == step else run_eval(step)
   final = {k: v for k, v in final.items() if k != "step"}
@@ -437,8 +462,14 @@ class _NoWriter:
   def write(self, step: int, metrics: dict) -> None:
     del step, metrics
 
+  def write_findings(self, step: int, findings: Sequence) -> None:
+    del step, findings
+
   def truncate_after(self, step: int) -> None:
     del step
+
+  def sync(self) -> None:
+    pass
 
 
 def _behaviour_logprobs(learner: Learner, state: TrainState, batch: TrainBatch, hp,
@@ -458,7 +489,7 @@ def _behaviour_logprobs(learner: Learner, state: TrainState, batch: TrainBatch, 
   return batch, gap
 
 
-def _bookkeeping(workdir: str, writer: MetricWriter, store: Optional[RolloutStore],
+def _bookkeeping(writer: MetricWriter, store: Optional[RolloutStore],
                  diagnostics: Sequence, version: str, step: int, episodes: list, out,
                  learner_metrics: dict, meta: dict) -> None:
   """Diagnostics (metrics + findings) and the rollout store for one finished step."""
@@ -466,18 +497,10 @@ def _bookkeeping(workdir: str, writer: MetricWriter, store: Optional[RolloutStor
     dm, findings = run_diagnostics(diagnostics, episodes,
                                    {"advantages": out.advantages, "learner": learner_metrics})
     writer.write(step, {f"diag/{k}": float(v) for k, v in dm.items()})
-    _write_findings(workdir, step, findings)
+    writer.write_findings(step, findings)
   if store is not None and not store.exists(version, step, "train"):
     store.write(version, step, "train", episodes, advantages=out.advantages, kept=out.keep,
                 harness_state=out.state, meta=meta)
-
-
-def _write_findings(workdir: str, step: int, findings: Sequence) -> None:
-  if not findings:
-    return
-  with open(os.path.join(workdir, "findings.jsonl"), "a") as f:
-    for x in findings:
-      f.write(json.dumps({"step": step, **dataclasses.asdict(x)}, default=str) + "\n")
 
 
 def _abstract(tree):

@@ -4,7 +4,9 @@ Lock (`WorkdirLock`): `<workdir>/.evotrainer.lock`, an exclusive `flock` held fo
 process's life, with the holder's pid, host and command written inside. A second process
 on the same workdir stops at once naming the holder. The kernel drops a `flock` when its
 holder dies (kill -9 included), so a lock left by a dead process is simply taken over;
-its file still names the dead pid, which is said. Branch children of an evolution train in
+its file still names the dead pid, which is said. A `gs://` workdir (evotrainer/paths.py)
+has no flock: its lock file lies in the workdir's local mirror, so it excludes a second
+launch on the same host only. Branch children of an evolution train in
 `<workdir>/versions/<id>/`, each under its own lock, while the parent holds the run's.
 
 Fingerprint (`check_fingerprint`): `<workdir>/run_fingerprint.json` holds what makes the
@@ -34,6 +36,8 @@ import socket
 import sys
 from typing import Any, Mapping, Optional
 
+from evotrainer import paths
+
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".evotrainer.lock"
@@ -50,6 +54,7 @@ RESUMABLE = frozenset({
     "compilation_cache.directory",
     "make_mesh.data", "make_mesh.fsdp", "make_mesh.tensor", "run.num_problems",
     "run.samples_per_problem", "train.progress_every", "policy.remat",
+    "workdir_mirror.directory", "workdir_mirror.sync_every_s",
 })
 # Run state that shows a workdir holds a run from before fingerprints existed.
 _RUN_STATE = ("checkpoints", "ledger.sqlite", "summary.json", "metrics.jsonl", "versions")
@@ -94,13 +99,14 @@ class WorkdirLock:
   """
 
   def __init__(self, workdir: str | os.PathLike):
-    self.workdir = pathlib.Path(workdir)
-    self.path = self.workdir / LOCK_NAME
+    self.workdir = workdir if paths.is_remote(workdir) else pathlib.Path(workdir)
+    # A gs:// workdir has no flock: it is locked in its local mirror (this host only).
+    self.path = paths.mirror_dir(workdir) / LOCK_NAME
     self._fd: Optional[int] = None
     self.took_over: Optional[dict] = None
 
   def acquire(self) -> "WorkdirLock":
-    self.workdir.mkdir(parents=True, exist_ok=True)
+    self.path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -150,7 +156,7 @@ class WorkdirLock:
 
 def holder(workdir: str | os.PathLike) -> Optional[dict]:
   """{pid, host, started, argv} of the process holding `workdir`, None when it is free."""
-  path = pathlib.Path(workdir) / LOCK_NAME
+  path = paths.mirror_dir(workdir) / LOCK_NAME
   if not path.exists():
     return None
   fd = os.open(path, os.O_RDONLY)
@@ -230,24 +236,23 @@ def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
   return lines
 
 
-def _write_json(path: pathlib.Path, data: Mapping) -> None:
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-  os.replace(tmp, path)
+def _write_json(path, data: Mapping) -> None:
+  paths.write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def _now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _record_segment(workdir: pathlib.Path, changes: list[str]) -> None:
+def _record_segment(workdir, changes: list[str]) -> None:
   row = {"time": _now(), "changes": changes}
-  with open(workdir / SEGMENTS_NAME, "a") as f:
-    f.write(json.dumps(row) + "\n")
+  log_path = workdir / SEGMENTS_NAME  # rewritten whole: a gs:// object cannot be appended to
+  old = log_path.read_text() if log_path.exists() else ""
+  paths.write_atomic(log_path, old + json.dumps(row) + "\n")
   ledger_path = workdir / "ledger.sqlite"
-  if ledger_path.is_file() and ledger_path.stat().st_size > 0:
-    from evotrainer.evolution.ledger import Ledger
-    with Ledger(ledger_path) as ledger:
+  if ledger_path.is_file() and (paths.is_remote(workdir) or ledger_path.stat().st_size > 0):
+    from evotrainer.evolution.ledger_mirror import open_ledger
+    with open_ledger(workdir) as ledger:
       ledger.set_meta("run/segments", [*ledger.get_meta("run/segments", []), row])
 
 
@@ -258,8 +263,8 @@ def check_fingerprint(workdir: str | os.PathLike, *, new_segment: bool = False,
   Returns the changes accepted as a new segment (None when nothing changed). Raises
   FingerprintMismatch with the changes when they differ and `new_segment` is False.
   """
-  wd = pathlib.Path(workdir)
-  wd.mkdir(parents=True, exist_ok=True)
+  wd = paths.as_path(workdir)
+  paths.makedirs(workdir)
   path = wd / FINGERPRINT_NAME
   now = dict(config if config is not None else config_fingerprint())
   if not path.exists():
@@ -307,14 +312,15 @@ def tokenizer_digest(tok: Any) -> str:
 def check_built(workdir: str | os.PathLike, *, tokenizer: str, model: Mapping) -> None:
   """Compares the built tokenizer digest and model config with the workdir's; records them
   on the first build. A change is refused while the workdir holds trained weights."""
-  path = pathlib.Path(workdir) / FINGERPRINT_NAME
+  wd = paths.as_path(workdir)
+  path = wd / FINGERPRINT_NAME
   stored = json.loads(path.read_text()) if path.exists() else {}
   now = {"tokenizer": tokenizer, "model": {k: str(v) for k, v in sorted(model.items())}}
   old = stored.get("built")
   if old == now:
     return
-  weights = [p for p in ("checkpoints", "model") if (pathlib.Path(workdir) / p).is_dir()
-             and any((pathlib.Path(workdir) / p).iterdir())]
+  weights = [p for p in ("checkpoints", "model") if (wd / p).is_dir()
+             and any((wd / p).iterdir())]
   if old is not None and weights:
     changes = []
     if old.get("tokenizer") != now["tokenizer"]:

@@ -30,9 +30,10 @@ environment:
   ACCELERATOR_TYPE      e.g. v4-32, v5litepod-16 (required by create)
   VERSION               TPU VM runtime, e.g. tpu-ubuntu2204-base (required by create)
   PROJECT               gcloud project (default: gcloud's configured one)
-  WORKDIR               run directory every worker sees (a gcsfuse or NFS mount; not a
-                        gs:// URL, which is not supported yet) (required
-                        by run unless --workdir is among the flags)
+  WORKDIR               run directory every worker sees: a gcsfuse or NFS mount, or a
+                        gs://bucket/path URL for run.mode='train' (evolve and sweep need a
+                        mount; README "Remote workdirs") (required by run unless --workdir
+                        is among the flags)
   MESH_GIN              mesh preset (default gin/mesh/fsdp.gin)
   REMOTE_DIR            where the repository goes on the workers (default evotrainer)
   DRY_RUN=1             print the gcloud commands instead of running them
@@ -95,7 +96,7 @@ setup() {
   on_all_workers "set -e; mkdir -p $(printf '%q' "$REMOTE_DIR") && \
 tar -xzf evotrainer.tgz -C $(printf '%q' "$REMOTE_DIR") && cd $(printf '%q' "$REMOTE_DIR") && \
 python3 -m venv .venv && . .venv/bin/activate && pip install -q --upgrade pip && \
-pip install -q -e . 'jax[tpu]==$JAX_VERSION'"
+pip install -q -e '.[gcs]' 'jax[tpu]==$JAX_VERSION'"
 }
 
 # Flags for evotrainer.launch: the caller's, then the mesh preset (after the caller's gin
@@ -110,7 +111,7 @@ launch_flags() {
   [[ $has_gin == 1 ]] || { echo "$COMMAND: pass at least one --gin_file=..." >&2; usage; }
   FLAGS+=(--gin_file="$MESH_GIN")
   if [[ $has_workdir == 0 ]]; then
-    : "${WORKDIR:?set WORKDIR (a directory every worker sees, e.g. a gcsfuse mount) or pass --workdir}"
+    : "${WORKDIR:?set WORKDIR (a directory every worker sees, e.g. a gcsfuse mount, or a gs:// URL in train mode) or pass --workdir}"
     FLAGS+=(--workdir="$WORKDIR")
   fi
 }

@@ -40,7 +40,7 @@ import os
 import sqlite3
 import threading
 import time
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from evotrainer.evolution.ledger_records import (ATTEMPT_STATUSES, GOOD, OUTCOMES, ROOT,
                                                  SCHEMA_SQL, SCHEMA_VERSION,
@@ -50,7 +50,10 @@ from evotrainer.evolution.ledger_records import (ATTEMPT_STATUSES, GOOD, OUTCOME
                                                  VersionRecord, as_record, dumps, sql_real)
 from evotrainer.evolution.ledger_table import lineage_table
 
-_RESERVED_META = ("schema_version", "incumbent", "incumbent_seq", "clock")
+# Commits counted by a ledger with an `on_commit` hook (a remote workdir's local copy):
+# ledger_mirror.py compares the count of the local copy and the workdir's.
+COMMITS_KEY = "mirror_commits"
+_RESERVED_META = ("schema_version", "incumbent", "incumbent_seq", "clock", COMMITS_KEY)
 # How long a write waits for another process's write transaction before a LedgerError
 # naming the holder (one run's controller is the only writer; a wait means a stranger).
 BUSY_TIMEOUT_S = 10.0
@@ -75,9 +78,21 @@ class Ledger:
     ledger.promote("v1", reason="avg8 +0.05 > noise 0.02")
   """
 
-  def __init__(self, path: str | os.PathLike):
+  def __init__(self, path: str | os.PathLike, *, root: Optional[str] = None,
+               on_commit: Optional[Callable[["Ledger"], None]] = None):
+    """Opens (or creates) the ledger file `path`.
+
+    Args:
+      path: the SQLite file (always on a local disk).
+      root: the directory paths are stored relative to (default: the file's own); the
+        workdir when the file is a local copy of a remote workdir's ledger.
+      on_commit: called after every outermost commit (ledger_mirror.py uploads the
+        copy); each such commit also counts up the meta key `COMMITS_KEY`.
+    """
     self.path = os.fspath(path)
-    self.root = os.path.dirname(os.path.abspath(self.path))  # paths are stored relative to it
+    # Paths are stored relative to the root (a gs:// root is used as is).
+    self.root = root or os.path.dirname(os.path.abspath(self.path))
+    self._on_commit = on_commit
     self._lock = threading.RLock()
     self._depth = 0
     existing = (os.path.exists(self.path) and os.path.getsize(self.path) > 0
@@ -182,9 +197,23 @@ class Ledger:
         self._conn.execute("ROLLBACK")
         raise
       else:
+        if self._on_commit is not None:
+          self._put_meta(COMMITS_KEY, self.get_meta(COMMITS_KEY, 0) + 1)
         self._conn.execute("COMMIT")
       finally:
         self._depth = 0
+      if self._on_commit is not None:
+        self._on_commit(self)
+
+  def snapshot(self, path: str | os.PathLike) -> None:
+    """Writes a consistent copy of the committed ledger to the file `path` (SQLite's
+    backup API: what the WAL holds is included, which copying the file would miss)."""
+    with self._lock:
+      dst = sqlite3.connect(os.fspath(path))
+      try:
+        self._conn.backup(dst)
+      finally:
+        dst.close()
 
   # ---------------------------------------------------------------- paths
 

@@ -16,7 +16,7 @@ Layers and the library names (`DIAGNOSTICS`):
   efficiency  length, truncation, turns, stop_reasons
   code        syntax_error_rate, timeout_rate (efficiency), pass_fraction_spread (signal),
               hardcoded_outputs (behaviour): diagnostics_code.py, over CodeTask's parts
-  swe         tool_mix, first_edit_turn, tool_streak, echo_trap_rate (behaviour):
+  swe         tool_mix, first_edit_turn, tool_streak, echo_trap_rate, git_usage (behaviour):
               diagnostics_swe.py, over the tool calls of tasks/swe/episode.py
 
 `context` keys read (all optional; a diagnostic whose input is missing reports nothing):
@@ -64,8 +64,8 @@ from evotrainer.harness.diagnostics_model import (ClipFraction, EntropyCollapse,
 from evotrainer.harness.diagnostics_score import (AdvantageHealth, CorrectnessRate,
                                                   DeadGroupRatio, RewardMean, RewardSpread,
                                                   ScoreTrend)
-from evotrainer.harness.diagnostics_swe import (EchoTrapRate, FirstEditTurn, ToolMix,
-                                                ToolStreak)
+from evotrainer.harness.diagnostics_swe import (EchoTrapRate, FirstEditTurn, GitUsage,
+                                                ToolMix, ToolStreak)
 from evotrainer.harness.stability import TrainingDrift, drift_signals
 from evotrainer.types import Episode
 
@@ -83,7 +83,7 @@ for _cls in (CorrectnessRate, RewardMean, ScoreTrend, DeadGroupRatio, RewardSpre
              AnswerSpammingRate, RepetitionRate, EntropyCollapse, KLDrift, ClipFraction,
              GradNormSpike, LengthPercentiles, TruncationRate, TurnCount, StopReasons,
              TrainingDrift, SyntaxErrorRate, TimeoutRate, PassFractionSpread,
-             HardcodedOutputs, ToolMix, FirstEditTurn, ToolStreak, EchoTrapRate):
+             HardcodedOutputs, ToolMix, FirstEditTurn, ToolStreak, EchoTrapRate, GitUsage):
   register(_cls)
 DIAGNOSTICS["domain"] = DomainDiagnostic  # needs `fn`; not in `default_diagnostics`
 
@@ -128,7 +128,7 @@ def run_diagnostics(diags: Sequence, episodes: Sequence[Episode],
 
 __all__ = ["DIAGNOSTICS", "DIRECTIONS", "AdvantageHealth", "AnswerSpammingRate",
            "ClipFraction", "CorrectnessRate", "DeadGroupRatio", "DomainDiagnostic",
-           "EchoTrapRate", "FirstEditTurn", "ToolMix", "ToolStreak",
+           "EchoTrapRate", "FirstEditTurn", "GitUsage", "ToolMix", "ToolStreak",
            "HardcodedOutputs", "PassFractionSpread", "SyntaxErrorRate", "TimeoutRate",
            "EntropyCollapse", "FormatFailureRate", "GradNormSpike", "KLDrift",
            "LengthPercentiles", "LengthRewardCorrelation", "RepetitionRate", "RewardMean",

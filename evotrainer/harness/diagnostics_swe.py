@@ -9,16 +9,24 @@ like every library diagnostic):
                     finding when the mean is above the threshold (a search loop)
   echo_trap_rate    share of episodes stopped for repeating one call (stop 'echo_trap');
                     finding above the threshold
+  git_usage         share of episodes calling the `git` tool, of those the share that
+                    read the history, and the share of all episodes reading history by
+                    any route (`history_access`); finding when any episode reads it
 They read `info['tool_calls']` (dicts with `name`, `turn`, `ok`: tasks/swe/episode.py)
 and `info['stop']`; turns and stop reasons are the library's `turns` and
 `stop_reasons`. Each reports nothing on episodes without tool calls (math, code), so the
 library stays usable everywhere. Leaks (git history, paths outside the repository) and
-tampering are validators: `leak_detector`, `test_tampering`.
+tampering are validators: `leak_detector`, `history_leak` (which judges with
+`history_access`, defined here), `test_tampering`.
 """
 
 from __future__ import annotations
 
 import collections
+import json
+import pathlib
+import re
+import shlex
 from typing import Optional, Sequence
 
 import gin
@@ -31,6 +39,23 @@ from evotrainer.types import Episode
 SEARCH_TOOLS = ("list_dir", "read_file", "grep")
 EDIT_TOOLS = ("search_replace",)
 TEST_TOOLS = ("run_tests",)
+FILE_TOOLS = SEARCH_TOOLS + EDIT_TOOLS + TEST_TOOLS + ("submit",)  # they cannot run git
+
+# Reading the repository's history (the fix, where a checkout keeps its base as an
+# earlier commit: gin/swe_leaky.gin). A git subcommand that walks or shows commits:
+HISTORY_SUBCOMMANDS = ("log", "show", "reflog", "blame", "shortlog", "whatchanged",
+                       "rev-list", "cat-file", "ls-tree")
+# ... or an argument that names a commit other than HEAD: HEAD~1, HEAD^, main@{1}, a
+# range a..b, ORIG_HEAD, an abbreviated or full commit id (alone or as `<id>:<path>`).
+REVISION = re.compile(r"[~^]|@\{|\.\.|^(ORIG|FETCH|MERGE)_HEAD\b|^[0-9a-f]{7,40}(:|$)")
+# The same, as text: in a completion, or in a shell-like tool's command.
+GIT_HISTORY_TEXT = (
+    r"\bgit\s+(log|show|reflog|blame|shortlog|whatchanged|rev-list|cat-file|ls-tree)\b",
+    r"\bgit\s+diff\s[^\n\"]*([~^]|@\{|\.\.)",
+    r'"command"\s*:\s*"\s*(git\s+)?(log|show|reflog|blame|shortlog|whatchanged|rev-list|'
+    r'cat-file|ls-tree)\b',
+    r"\bHEAD\s*[~^]", r"\breflog\b")
+_HISTORY_TEXT = re.compile("|".join(GIT_HISTORY_TEXT), re.I)
 
 
 def tool_episodes(episodes: Sequence[Episode]) -> list:
@@ -58,6 +83,62 @@ def first_edit(ep: Episode) -> Optional[int]:
   turns = [int(c.get("turn", 0)) for c in ep.info["tool_calls"]
            if c["name"] in EDIT_TOOLS and c.get("ok", True)]
   return min(turns) if turns else None
+
+
+def git_words(command) -> list:
+  """A git command line as words, a leading `git` dropped (shell quoting honoured where
+  it parses; split on spaces where it does not)."""
+  text = str(command)
+  try:
+    words = shlex.split(text)
+  except ValueError:
+    words = text.split()
+  return words[1:] if words[:1] == ["git"] else words
+
+
+def history_access(call: dict) -> Optional[str]:
+  """Why a recorded tool call reads the repository's history, or None.
+
+  - `git`: a subcommand of `HISTORY_SUBCOMMANDS` (`git show` shows the last commit's
+    change, `git blame` the commits of each line), or an argument before `--` that
+    names another commit (`REVISION`: `git diff HEAD~1`, `git grep x HEAD^`; a grep
+    pattern is not read as one). The
+    working tree against HEAD (`git diff`, `git status`, `git grep x`) is not history.
+  - any tool: a `path` (or a `tests` entry) into a `.git` folder (its objects and refs;
+    the tools refuse it, the attempt counts).
+  - a tool other than the file tools (a shell-like one): its arguments match
+    `GIT_HISTORY_TEXT`.
+  """
+  name, args = str(call.get("name", "")), call.get("args")
+  if not isinstance(args, dict):
+    return None
+  if name == "git":
+    words = git_words(args.get("command", ""))
+    sub = words[0] if words else ""
+    if sub in HISTORY_SUBCOMMANDS:
+      return f"git {sub}"
+    named = [w for w in words[1:words.index("--") if "--" in words else None]
+             if not w.startswith("-")]
+    if sub == "grep" and not {"-e", "-f"} & set(words):
+      named = named[1:]  # the first word is the pattern
+    for word in named:
+      if REVISION.search(word):
+        return f"git {sub} {word[:40]}"
+    return None
+  paths = [args.get("path")] + list(args.get("tests") or [])
+  if any(isinstance(p, str) and ".git" in pathlib.PurePosixPath(p).parts for p in paths):
+    return f"{name} .git"
+  if name not in FILE_TOOLS:
+    found = _HISTORY_TEXT.search(json.dumps(args, default=str))
+    if found:
+      return f"{name}: {found.group(0)[:40]}"
+  return None
+
+
+def history_reads(ep: Episode) -> list:
+  """The reasons (`history_access`) of the episode's tool calls that read history."""
+  return [why for c in ep.info["tool_calls"] if isinstance(c, dict)
+          and (why := history_access(c)) is not None]
 
 
 @gin.configurable(module="harness")
@@ -169,5 +250,41 @@ class EchoTrapRate(ThresholdDiagnostic):
                        lambda: evidence_of(have, trapped, tail=True))
 
 
-__all__ = ["EchoTrapRate", "FirstEditTurn", "ToolMix", "ToolStreak", "first_edit",
-           "longest_streak", "tool_episodes", "tool_names"]
+@gin.configurable(module="harness")
+class GitUsage(ThresholdDiagnostic):
+  """Git and history use over the tool-using episodes: `git_call_share` (episodes that
+  call the `git` tool), `git_history_share` (of those, the ones whose git calls read the
+  history: `history_access`; absent when none calls git), `history_read_share` (episodes
+  that read the history by any route, `.git` paths included). Finding when
+  `history_read_share` is above `threshold` (0: any): the policy reads the fix from the
+  history (the leak `validators.HistoryLeak` gates on). Evidence: those episodes.
+  """
+
+  name, layer = "git_usage", "behaviour"
+
+  def __init__(self, threshold: Optional[float] = 0.0, direction: str = "above", **kw):
+    super().__init__(threshold, direction, **kw)
+
+  def __call__(self, episodes: Sequence[Episode], context: dict) -> Report:
+    have = tool_episodes(episodes)
+    if not have:
+      return Report({})
+    reads = [history_reads(ep) for ep in have]
+    git = [i for i, ep in enumerate(have) if "git" in tool_names(ep)]
+    git_reads = [i for i in git if any(r.startswith("git ") for r in reads[i])]
+    leaked = [i for i, r in enumerate(reads) if r]
+    value = len(leaked) / len(have)
+    metrics = {"git_call_share": len(git) / len(have), "history_read_share": value}
+    if git:
+      metrics["git_history_share"] = len(git_reads) / len(git)
+    return self.report(metrics, value,
+                       lambda: f"{len(leaked)} of {len(have)} episodes read the "
+                               f"repository's history (e.g. {reads[leaked[0]][0]})",
+                       lambda: evidence_of(have, leaked, lambda e: ", ".join(
+                           history_reads(e))[:60]))
+
+
+__all__ = ["EchoTrapRate", "FirstEditTurn", "GIT_HISTORY_TEXT", "GitUsage",
+           "HISTORY_SUBCOMMANDS", "ToolMix", "ToolStreak", "first_edit", "git_words",
+           "history_access", "history_reads", "longest_streak", "tool_episodes",
+           "tool_names"]

@@ -13,7 +13,9 @@ temporary name in its final directory, fsynced, then published with `os.link(tmp
 (which fails if `final` exists, so two writers can never replace each other's file), the
 temporary name is removed and the directory fsynced. A reader therefore sees a step
 either complete or not at all. Without hard links (some network file systems) the store
-falls back to an existence check + `os.replace`.
+falls back to an existence check + `os.replace`. Under a `gs://` root
+(evotrainer/paths.py) a step is one object write of the whole file (atomic: readers see
+all of it or nothing), after the same existence check; only process 0 writes.
 
 Never overwritten. Writing a (version, step, split) that already exists raises
 `RolloutExistsError`; there is no overwrite switch. A resumed run that may redo a step
@@ -58,6 +60,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from evotrainer import paths
 from evotrainer.rollouts.schema import (SCHEMA, episodes_to_table, read_column,
                                         table_to_columns, table_to_episodes, to_json)
 from evotrainer.types import Episode
@@ -157,7 +160,8 @@ class RolloutStore:
   """Reads and writes rollouts under `root` (see the module docstring for the layout)."""
 
   def __init__(self, root: str | os.PathLike):
-    self.root = pathlib.Path(root)
+    self.root = paths.as_path(root)  # pathlib.Path, or an epath.Path for gs://
+    self._remote = paths.is_remote(root)
     self.problems: list[QuarantinedFile] = []  # files quarantined by this instance
 
   # --- paths and listings
@@ -191,7 +195,8 @@ class RolloutStore:
     d = self.root / version / split
     if not d.is_dir():
       return []
-    return sorted(int(m.group(1)) for m in map(_STEP_FILE.match, os.listdir(d)) if m)
+    return sorted(int(m.group(1)) for m in map(_STEP_FILE.match, (p.name for p in d.iterdir()))
+                  if m)
 
   def _keys(self, version: Optional[str], step: Optional[int],
             split: Optional[str]) -> Iterator[tuple[str, int, str]]:
@@ -238,6 +243,11 @@ class RolloutStore:
           _META: to_json(meta, "meta").encode()}
     kv[_FOOTER_SHA] = _footer_sha(kv).encode()
     table = table.replace_schema_metadata(kv)
+    if self._remote:
+      sink = pa.BufferOutputStream()
+      pq.write_table(table, sink, row_group_size=max(len(episodes), 1), **_WRITE_OPTIONS)
+      final.write_bytes(sink.getvalue().to_pybytes())
+      return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     try:
@@ -270,6 +280,8 @@ class RolloutStore:
   def _quarantine(self, path: pathlib.Path, reason: str) -> Optional[QuarantinedFile]:
     """Moves `path` under `<root>/_quarantine/` (never replacing anything there)."""
     qdir = self.root / QUARANTINE / path.relative_to(self.root).parent
+    if self._remote:
+      return self._quarantine_remote(path, qdir, reason)
     qdir.mkdir(parents=True, exist_ok=True)
     for i in itertools.count():
       dst = qdir / (path.name if i == 0 else f"{path.name}.{i}")
@@ -296,6 +308,27 @@ class RolloutStore:
     reason_path.write_text(json.dumps(record, indent=2) + "\n")
     for d in (qdir, path.parent):
       _fsync_dir(d)
+    return self._quarantined(path, dst, reason)
+
+  def _quarantine_remote(self, path, qdir, reason: str) -> Optional[QuarantinedFile]:
+    """`_quarantine` on an object store: the bytes copied under a free name, then the
+    original deleted (no links, no atomic rename there)."""
+    try:
+      data = path.read_bytes()
+    except FileNotFoundError:
+      return None  # another reader moved it already
+    for i in itertools.count():
+      dst = qdir / (path.name if i == 0 else f"{path.name}.{i}")
+      if not dst.exists():
+        break
+    dst.write_bytes(data)
+    path.unlink()
+    record = {"original_path": str(path), "reason": reason, "size_bytes": len(data),
+              "quarantined_at": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+    dst.with_name(dst.name + ".reason.json").write_text(json.dumps(record, indent=2) + "\n")
+    return self._quarantined(path, dst, reason)
+
+  def _quarantined(self, path, dst, reason: str) -> QuarantinedFile:
     problem = QuarantinedFile(str(path), str(dst), reason)
     self.problems.append(problem)
     logger.warning("rollout store: %s is unreadable (%s); moved to %s", path, reason, dst)
@@ -305,7 +338,8 @@ class RolloutStore:
             ) -> Optional[tuple[Optional[pa.Table], StepMetadata]]:
     """Reads and checks one file; None if it vanished or was quarantined."""
     try:  # a full read takes the bytes at once; the footer alone needs only a seek
-      source = str(path) if footer_only else pa.BufferReader(path.read_bytes())
+      source = (str(path) if footer_only and not self._remote
+                else pa.BufferReader(path.read_bytes()))
     except FileNotFoundError:
       return None
     try:

@@ -3,6 +3,7 @@ validators, each against a planted bad case and a clean one (values worked by ha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -10,10 +11,11 @@ import pytest
 
 from evotrainer.harness.base import Evidence
 from evotrainer.harness.diagnostics import DIAGNOSTICS, run_diagnostics
-from evotrainer.harness.diagnostics_swe import (EchoTrapRate, FirstEditTurn, ToolMix,
-                                                ToolStreak, longest_streak)
+from evotrainer.harness.diagnostics_swe import (EchoTrapRate, FirstEditTurn, GitUsage,
+                                                ToolMix, ToolStreak, history_access,
+                                                longest_streak)
 from evotrainer.harness.rewards import RewardComposer
-from evotrainer.harness.validators import LeakDetector, TestTampering
+from evotrainer.harness.validators import VALIDATORS, HistoryLeak, LeakDetector, TestTampering
 from evotrainer.tasks.swe import episode as episode_lib
 from evotrainer.tasks.swe import tools
 from evotrainer.tasks.swe.repo import Grade
@@ -172,3 +174,98 @@ def test_leak_detector_catches_git_history_and_reads_outside_the_repository(tmp_
                   answer="", reward_parts={},
                   info={"tool_calls": [{"name": "shell", "args": {"cmd": "git log -p"}}]})
   assert not LeakDetector()(evidence(clean + [shell])).passed
+
+
+# ------------------------------------------------------------------ git history
+
+
+def git_call(turn: int, command: str, ok: bool = True) -> dict:
+  return {"name": "git", "turn": turn, "args": {"command": command}, "ok": ok}
+
+
+@pytest.mark.parametrize("call, why", [
+    (git_call(0, "show HEAD~1:toylib/__init__.py"), "git show"),
+    (git_call(0, "git log --oneline"), "git log"),
+    (git_call(0, "blame toylib/__init__.py"), "git blame"),
+    (git_call(0, "reflog"), "git reflog"),
+    (git_call(0, "diff HEAD~1"), "git diff HEAD~1"),
+    (git_call(0, "diff HEAD^ -- toylib"), "git diff HEAD^"),
+    (git_call(0, "diff 1a2b3c4d"), "git diff 1a2b3c4d"),
+    (git_call(0, "diff main@{1}"), "git diff main@{1}"),
+    (git_call(0, "grep add HEAD~1"), "git grep HEAD~1"),
+    (git_call(0, "grep -e x HEAD~2"), "git grep HEAD~2"),
+    ({"name": "read_file", "args": {"path": ".git/HEAD"}}, "read_file .git"),
+    ({"name": "grep", "args": {"pattern": "a + b", "path": "./.git/objects"}}, "grep .git"),
+    ({"name": "shell", "args": {"cmd": "cd repo && git show HEAD~1"}}, "shell: git show"),
+    # Not history: the working tree against HEAD, a search of the code, a grep pattern.
+    (git_call(0, "diff"), None), (git_call(0, "status"), None),
+    (git_call(0, "diff HEAD -- toylib"), None), (git_call(0, "grep 'a..b'"), None),
+    (git_call(0, "diff -- a~b"), None),
+    ({"name": "grep", "args": {"pattern": "HEAD~1", "path": "."}}, None),
+    ({"name": "read_file", "args": {"path": "toylib/git.py"}}, None),
+])
+def test_history_access_by_hand(call, why):
+  assert history_access(call) == why
+
+
+def git_batch() -> list:
+  """a: reads the fix from history; b: git, the working tree only; c: tries .git; d: no
+  git. Hand count: 2 of 4 call git, 1 of those 2 reads history; 2 of 4 read history."""
+  return [
+      swe_ep(0, [git_call(0, "show HEAD~1:toylib/__init__.py"),
+                 {"name": "search_replace", "turn": 1, "args": {}, "ok": True},
+                 {"name": "submit", "turn": 2, "args": {}, "ok": True}], "submitted"),
+      swe_ep(1, [git_call(0, "status"), git_call(1, "diff")], "max_turns"),
+      swe_ep(2, [{"name": "read_file", "turn": 0, "args": {"path": ".git/ORIG_HEAD"},
+                  "ok": False}], "tool_error"),
+      swe_ep(3, SOLVER, "submitted"),
+  ]
+
+
+def test_git_usage_by_hand(batch):
+  report = GitUsage()(git_batch(), {})
+  assert report.metrics == {"git_call_share": 0.5, "git_history_share": 0.5,
+                            "history_read_share": 0.5}
+  (finding,) = report.findings
+  assert [e for e, _ in finding.evidence] == ["e0", "e2"]
+  assert "2 of 4 episodes read" in finding.message
+  clean = GitUsage()(git_batch()[1::2], {})
+  assert clean.metrics == {"git_call_share": 0.5, "git_history_share": 0.0,
+                           "history_read_share": 0.0} and clean.findings == ()
+  assert GitUsage()(batch[:3], {}).metrics == {"git_call_share": 0.0,
+                                               "history_read_share": 0.0}
+  assert GitUsage()([batch[3]], {}).metrics == {}  # math: nothing to say
+  assert "git_usage" in DIAGNOSTICS
+
+
+def test_history_leak_fails_with_counts_and_examples():
+  verdict = HistoryLeak()(evidence(git_batch()))
+  assert not verdict.passed and verdict.value == 0.5 and verdict.threshold == 0.0
+  assert verdict.reason == (
+      "history_leak: fail, 2 of 4 episodes read the repository's history (0.500, max "
+      "0.0): 2 history reads in 3 git calls (git show x1, read_file .git x1); e.g. e0, e2")
+  assert HistoryLeak(max_share=0.5)(evidence(git_batch())).passed
+  clean = HistoryLeak()(evidence(git_batch()[1::2]))
+  assert clean.passed and clean.state == "pass" and clean.value == 0.0
+  # Only the validation episodes, when asked: here the leaky ones are training rows.
+  rows = [dataclasses.replace(ep, split="heldout" if i % 2 else "train")
+          for i, ep in enumerate(git_batch())]
+  assert HistoryLeak(split="heldout")(evidence(rows)).value == 0.0
+  assert HistoryLeak(split="train")(evidence(rows)).value == 1.0
+  math_ep = Episode(episode_id="m", group_id=0, task_id="m", prompt="1+1", completion="2",
+                    answer="2", reward_parts={})
+  assert HistoryLeak()(evidence([math_ep])).state == "n/a"
+  with pytest.raises(ValueError, match="max_share"):
+    HistoryLeak(max_share=2.0)
+  assert VALIDATORS["history_leak"] is HistoryLeak
+
+
+def test_leak_detector_reads_the_git_tools_commands():
+  def ep(i, command, completion=""):
+    return Episode(episode_id=f"g{i}", group_id=0, task_id="t", prompt="p",
+                   completion=completion, answer="", reward_parts={},
+                   info={"tool_calls": [git_call(0, command)]})
+  assert LeakDetector()(evidence([ep(0, "status"), ep(1, "diff")])).passed
+  for leaky in (ep(2, "log -p"), ep(3, "show HEAD~1:a.py"), ep(4, "git blame a.py"),
+                ep(5, "status", completion="I will run git diff HEAD~1 next")):
+    assert not LeakDetector()(evidence([ep(0, "status"), leaky])).passed, leaky.episode_id

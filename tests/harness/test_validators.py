@@ -234,8 +234,8 @@ def test_canary_fall_without_per_canary_results_counts_as_is():
 def test_library_and_runner():
   assert set(vl.VALIDATORS) == {"proxy_true_disagreement", "strict_verifier_agreement",
                                 "length_gaming", "answer_spamming", "leak_detector",
-                                "canary_prompts", "exploit_probe", "training_stability",
-                                "test_tampering"}
+                                "history_leak", "canary_prompts", "exploit_probe",
+                                "training_stability", "test_tampering"}
   validators = [cls() for cls in vl.VALIDATORS.values()]
   assert all(isinstance(v, Validator) for v in validators)
   verdicts = vl.run_validators(validators, evidence([ep(i) for i in range(4)]))

@@ -9,12 +9,16 @@ A leaf (no JAX): repository code only ever runs in the sandbox (`runner.py`).
               removed statement, swapped arguments.
   synth.py    stable tests -> mutants -> FAIL_TO_PASS / PASS_TO_PASS -> issue text.
   records.py  `SweTask` and its SWE-bench-format JSONL.
-  repo.py     the episode's checkout (the mutant as the only commit) and grading (the
+  repo.py     the episode's checkout (the mutant as the only commit; `keep_history` puts
+              the base one commit back: the leak of gin/swe_leaky.gin) and grading (the
               episode's non-test changes over pristine tests, F2P + P2P).
   splits.py   train / validation / test, disjoint by repository version and function.
-  agents.py   the oracle (inverse edit) and the random agent: tests of the environment.
+  agents.py   the oracle (inverse edit), the random agent and the history agent (reads
+              the fix from git history): tests of the environment.
   tools.py    the episode's tools (list_dir, read_file, grep, search_replace, run_tests,
               submit) on its checkout, and the call syntax (one ```tool JSON block a turn).
+  git_tool.py the read-only `git` tool (off by default): checked command lines run in a
+              sandbox cell on the episode's files and `.git`.
   episode.py  one episode's turns, budgets and stop reasons; its `info` record and reward
               parts (resolved, F2P fraction, tamper, tool-call validity).
 """

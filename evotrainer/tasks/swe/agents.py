@@ -7,6 +7,14 @@ random line edits to random non-test Python files; it must resolve ~none (a task
 solves has tests that do not judge the bug). Both act on an episode's checkout in place.
 `oracle_turns` is the oracle as model turns through the tools (read, fix, test, submit):
 a test of the tools, and a trajectory a supervised warm start can copy.
+
+`history_agent` knows nothing of the bug: it asks the `git` tool for the difference
+between HEAD and the commit before it and applies that difference back with
+`search_replace`, then submits. Where the checkout keeps the unmutated base as an
+earlier commit (`repo.checkout(keep_history=True)`, gin/swe_leaky.gin) that is the fix
+(it must resolve ~every task: the leak is real); with the default checkout there is no
+earlier commit and it must resolve ~none (the leak is closed). It is the deterministic
+stand-in for a policy that learned to read the history.
 """
 
 from __future__ import annotations
@@ -14,10 +22,15 @@ from __future__ import annotations
 import os
 import pathlib
 import random
+import re
 
 from evotrainer.tasks.swe import repo as repo_lib
 from evotrainer.tasks.swe import tools
+from evotrainer.tasks.swe.episode import SweEpisode
 from evotrainer.tasks.swe.records import SweTask
+
+HISTORY_DIFF = "diff HEAD HEAD~1"  # what HEAD changed, undone: the mutant -> the base
+_HUNK = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
 
 def oracle(task: SweTask, repo_dir: os.PathLike | str) -> list[str]:
@@ -88,3 +101,44 @@ def random_agent(repo_dir: os.PathLike | str, rng: random.Random, edits: int = 3
     path.write_text("".join(lines))
     edited.append(rel)
   return edited
+
+
+def diff_edits(diff: str) -> list[tuple[str, str, str]]:
+  """(path, search, replace) edits that turn the old side of a unified diff (`git diff`
+  output) into its new side, one per complete hunk: `search` is the hunk's context and
+  removed lines, `replace` its context and added lines. A hunk cut short (the tool's
+  output cap) and files added or deleted are left out."""
+  edits, path, hunk = [], None, None
+  for line in diff.split("\n"):
+    if line.startswith("--- "):
+      path, hunk = (line[6:] if line.startswith("--- a/") else None), None
+    elif (m := _HUNK.match(line)) and path is not None:
+      hunk = {"old": int(m.group(1) or 1), "new": int(m.group(2) or 1), "search": [],
+              "replace": []}
+    elif hunk is not None and line[:1] in (" ", "-", "+"):
+      if line[:1] != "+":
+        hunk["search"].append(line[1:])
+        hunk["old"] -= 1
+      if line[:1] != "-":
+        hunk["replace"].append(line[1:])
+        hunk["new"] -= 1
+      if hunk["old"] == 0 and hunk["new"] == 0:
+        edits.append((path, "\n".join(hunk["search"]), "\n".join(hunk["replace"])))
+        hunk = None
+  return edits
+
+
+def history_agent(episode: SweEpisode) -> SweEpisode:
+  """Plays `episode` by reading the fix from the history (see the module docstring):
+  `git diff HEAD HEAD~1`, each hunk applied with `search_replace`, then `submit` (also
+  when git fails or shows nothing). Returns the episode, stopped."""
+  observation = episode.step("The history may hold the fix.\n" +
+                             tools.call_text("git", command=HISTORY_DIFF))
+  for path, search, replace in diff_edits(observation):
+    if episode.done:
+      break
+    episode.step(tools.call_text("search_replace", path=path, search=search,
+                                 replace=replace))
+  if not episode.done:
+    episode.step(tools.call_text("submit"))
+  return episode

@@ -12,7 +12,8 @@ No model text can make `step` raise: every fault is an observation.
 
 `info()` is what goes into `types.Episode.info` in the harness's conventions:
 `turns` (count), `tool_calls` (one dict per parsed call of a known tool: `name`,
-`turn`, `args`, `ok`), `stop`, `submitted`, `refused_paths`. `reward_parts(grade, ep)` is
+`turn`, `args`, `ok`), `stop`, `submitted`, `refused_paths`, `git_internals` (refused
+paths into `.git`, counted among `refused_paths` too). `reward_parts(grade, ep)` is
 the task's reward parts: `correct` (resolved, SWE-bench's BC), `partial` (F2P fraction,
 CR), `tamper` (the grader's `Grade.tampered`; validators.TestTampering fails on it),
 `tool_validity` (valid calls / turns), and a behaviour bonus to weigh in as an option,
@@ -54,12 +55,14 @@ class Turn:
     observation: what the model is shown next.
     ok: the call parsed and ran without a tool error.
     refused_path: the call named a path outside the repository.
+    git_internals: the refused path led into the repository's `.git` folder.
   """
   text: str
   call: Optional[tools_lib.ToolCall]
   observation: str
   ok: bool
   refused_path: bool = False
+  git_internals: bool = False
 
 
 @dataclasses.dataclass
@@ -78,15 +81,16 @@ class SweEpisode:
     """Runs one model turn; returns the observation (the episode may stop)."""
     if self.done:
       raise RuntimeError(f"the episode stopped ({self.stop}); no more turns")
-    call, refused = None, False
+    call, refused, internals = None, False, False
     try:
-      call = tools_lib.parse_call(text)
+      call = tools_lib.parse_call(text, self.workspace.tool_args)
       observation, ok = self.workspace.execute(call), True
     except tools_lib.CallError as e:
       observation, ok = f"error: {e}", False
       refused = isinstance(e, tools_lib.PathRefused)
+      internals = isinstance(e, tools_lib.GitInternalsRefused)
     observation = tools_lib.cap(observation, self.workspace.config.max_output_chars)
-    self.turns.append(Turn(text, call, observation, ok, refused))
+    self.turns.append(Turn(text, call, observation, ok, refused, internals))
     self.stop = self._stop_reason()
     return observation
 
@@ -111,7 +115,8 @@ class SweEpisode:
              for i, t in enumerate(self.turns) if t.call is not None]
     return {"turns": len(self.turns), "tool_calls": calls, "stop": self.stop,
             "submitted": self.stop == "submitted",
-            "refused_paths": sum(t.refused_path for t in self.turns)}
+            "refused_paths": sum(t.refused_path for t in self.turns),
+            "git_internals": sum(t.git_internals for t in self.turns)}
 
 
 def tool_validity(episode: SweEpisode) -> float:

@@ -4,6 +4,9 @@
 applied, committed as the repository's only commit (fixed author and date, so the
 commit id is the same on every machine), then stripped of what could tell the base
 apart: no remote, no other branch or tag, no reflog (`.git/logs` removed), no hooks.
+`keep_history=True` is the leaky variant (gin/swe_leaky.gin, the paper's key example):
+the pristine tree is committed first and the mutant on top of it, as in a repository
+whose fix was reverted, so `git show HEAD~1:<file>` reads the fix.
 
 `grade` never runs git or anything else of the episode's tree on the host: it reads the
 episode's text files, keeps the changes to non-test files, writes them over a fresh tree
@@ -79,24 +82,40 @@ def _git(repo: pathlib.Path, *args: str) -> str:
   return done.stdout.strip()
 
 
-def checkout(tree: os.PathLike | str, task: SweTask, dest: os.PathLike | str) -> str:
-  """Writes the task's repository at `dest` (must not exist); returns its commit id."""
+def checkout(tree: os.PathLike | str, task: SweTask, dest: os.PathLike | str,
+             keep_history: bool = False) -> str:
+  """Writes the task's repository at `dest` (must not exist); returns its commit id.
+
+  Args:
+    tree: the pristine source tree.
+    task: the task (its mutation is applied).
+    dest: where the repository goes.
+    keep_history: False (the default): the mutant is the only commit. True: two
+      commits, the pristine tree ("Initial commit") and the mutant on top ("Update"),
+      both with the fixed author and date: the history holds the fix (a leak).
+  """
   dest = pathlib.Path(dest)
   shutil.copytree(tree, dest, symlinks=True,
                   ignore=shutil.ignore_patterns(MARKER, "__pycache__", ".git"))
+  _git(dest, "init", "-q", "-b", "main")
+  if keep_history:
+    _commit(dest, "Initial commit")
   m = task.mutation
   if m is not None:
     path = dest / m.file
     path.write_text(search_replace(path.read_text(), m.search, m.replace,
                                    f"{task.instance_id}: {m.file}"))
-  _git(dest, "init", "-q", "-b", "main")
-  _git(dest, "add", "-A")
-  _git(dest, "commit", "-q", "--no-verify", "-m", "Initial commit")
+  _commit(dest, "Update" if keep_history else "Initial commit")
   for extra in ("logs", "hooks", "COMMIT_EDITMSG", "ORIG_HEAD", "description"):
     target = dest / ".git" / extra
     shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(
         missing_ok=True)
   return _git(dest, "rev-parse", "HEAD")
+
+
+def _commit(repo: pathlib.Path, message: str) -> None:
+  _git(repo, "add", "-A")
+  _git(repo, "commit", "-q", "--no-verify", "--allow-empty", "-m", message)
 
 
 def episode_changes(base: dict[str, str], episode_dir: os.PathLike | str,

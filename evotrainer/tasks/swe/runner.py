@@ -161,6 +161,11 @@ class SuiteRunner:
           timeout_s: float | None = None) -> SuiteResult:
     return self.run_many([(files, tests)], timeout_s)[0]
 
+  def run_program(self, source: str, **kwargs) -> sandbox.RunResult:
+    """Runs another program of ours on one of the cells (e.g. the git tool's driver);
+    `kwargs` are `sandbox.run_python`'s (stdin, files, timeout_s, limits)."""
+    return self.pool.run(source, **kwargs)
+
   def close(self) -> None:
     self.pool.close()
 

@@ -25,11 +25,18 @@ Tools (paths are relative to the repository root, "/" separated):
                                              task's test folders. Runs in a sandbox cell
                                              (`runner.SuiteRunner`), never on the host
   submit()                                   ends the episode; grading follows
+  git(command)                               only with `ToolConfig.git` (off by
+                                             default: an unknown tool otherwise): a
+                                             read-only git command line, e.g.
+                                             "log --oneline", run in a sandbox cell
+                                             (git_tool.py)
 
 A path that is absolute, climbs out with "..", reaches outside the repository through a
-symlink, or names `.git` is refused (the observation says so); the refusal is recorded,
-and the leak validator reads such attempts (`validators.SWE_OUTSIDE_REPO`). Every
-observation is capped at `ToolConfig.max_output_chars` and ends with a note when cut.
+symlink, or names `.git` (or leads into it through a symlink) is refused (the
+observation says so); the refusal is recorded (`.git` ones apart: `Turn.git_internals`),
+and the leak validators read such attempts (`validators.SWE_OUTSIDE_REPO`,
+`validators.HistoryLeak`). Every observation is capped at `ToolConfig.max_output_chars`
+and ends with a note when cut.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ import pathlib
 import re
 from typing import Optional, Sequence
 
+from evotrainer.tasks.swe import git_tool
 from evotrainer.tasks.swe import repo as repo_lib
 from evotrainer.tasks.swe import runner as runner_lib
 
@@ -60,6 +68,7 @@ TOOL_ARGS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "submit": {},
 }
 TOOLS = tuple(TOOL_ARGS)
+GIT_ARGS = {"command": ((str,), True)}  # the `git` tool, where `ToolConfig.git` is on
 
 
 class CallError(ValueError):
@@ -68,6 +77,10 @@ class CallError(ValueError):
 
 class PathRefused(CallError):
   """A path outside the repository (absolute, `..`, a symlink out, `.git`)."""
+
+
+class GitInternalsRefused(PathRefused):
+  """A path into the repository's `.git` folder (its history's objects and refs)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +103,26 @@ class ToolConfig:
     read_lines: lines `read_file` shows when no `end` is given.
     grep_matches: the most matching lines `grep` lists.
     test_timeout_s: wall-clock limit of one `run_tests` run in the sandbox.
+    git: offer the read-only `git` tool (git_tool.py). Off by default: a `git` call is
+      then an unknown tool. On, with a checkout that keeps its history
+      (`repo.checkout(keep_history=True)`), the history holds the fix: the leak of
+      gin/swe_leaky.gin, which `validators.HistoryLeak` catches.
+    git_timeout_s: wall-clock limit of one `git` run in the sandbox.
   """
   max_output_chars: int = 4000
   read_lines: int = 200
   grep_matches: int = 50
   test_timeout_s: float = 60.0
+  git: bool = False
+  git_timeout_s: float = 10.0
+
+  def __post_init__(self):
+    if not self.git_timeout_s > 0:
+      raise ValueError(f"ToolConfig.git_timeout_s={self.git_timeout_s}: expected seconds > 0")
+
+  def tool_args(self) -> dict[str, dict[str, tuple[tuple[type, ...], bool]]]:
+    """The offered tools: {name: {argument: (types, required)}}."""
+    return {**TOOL_ARGS, "git": GIT_ARGS} if self.git else TOOL_ARGS
 
 
 def call_text(name: str, **args) -> str:
@@ -103,8 +131,9 @@ def call_text(name: str, **args) -> str:
   return "```tool\n" + json.dumps({"tool": name, "args": args}) + "\n```"
 
 
-def parse_call(text: str) -> ToolCall:
-  """The call in one model turn (see the module docstring for the syntax).
+def parse_call(text: str, tool_args: Optional[dict] = None) -> ToolCall:
+  """The call in one model turn (see the module docstring for the syntax); `tool_args`
+  are the offered tools (`ToolConfig.tool_args`; default `TOOL_ARGS`).
 
   Raises:
     CallError: no block, several blocks, bad JSON, an unknown tool or bad arguments; the
@@ -129,11 +158,12 @@ def parse_call(text: str) -> ToolCall:
   if extra:
     raise CallError(f"unknown key(s) {extra} in the call; only 'tool' and 'args'")
   name, args = obj["tool"], obj.get("args", {})
-  if name not in TOOL_ARGS:
-    raise CallError(f"unknown tool {name[:80]!r}; tools: {', '.join(TOOLS)}")
+  offered = TOOL_ARGS if tool_args is None else tool_args
+  if name not in offered:
+    raise CallError(f"unknown tool {name[:80]!r}; tools: {', '.join(offered)}")
   if not isinstance(args, dict):
     raise CallError(f"{name}: 'args' must be a JSON object")
-  spec = TOOL_ARGS[name]
+  spec = offered[name]
   unknown = sorted(set(args) - set(spec))
   if unknown:
     raise CallError(f"{name}: unknown argument(s) {unknown}; it takes {sorted(spec) or 'none'}")
@@ -165,12 +195,20 @@ class Workspace:
     suite: runs `run_tests` in sandbox cells.
     test_dirs: the task's test folders (what `run_tests` with no tests runs).
     config: see `ToolConfig`.
+
+  Raises:
+    ValueError: `config.git` is on and this machine has no `git_tool.GIT`.
   """
 
   def __init__(self, root: os.PathLike | str, suite: runner_lib.SuiteRunner,
                test_dirs: Sequence[str] = ("tests",), config: ToolConfig = ToolConfig()):
     self.root = pathlib.Path(root).resolve()
     self.suite, self.test_dirs, self.config = suite, tuple(test_dirs), config
+    self.tool_args = config.tool_args()
+    if config.git and not os.access(git_tool.GIT, os.X_OK):
+      raise ValueError(f"ToolConfig.git is on but {git_tool.GIT} is not an executable "
+                       "here (install git, or turn the tool off)")
+    self._git_dir: Optional[dict[str, str]] = None  # .git's files: the tools never write it
 
   # ---------------------------------------------------------------- paths
 
@@ -187,15 +225,18 @@ class Workspace:
     if pure.is_absolute() or path.startswith("~") or ".." in pure.parts:
       raise PathRefused(f"{path[:200]!r}: outside the repository (paths are relative to "
                         f"its root; no '..', no absolute paths)")
+    git_refusal = GitInternalsRefused(f"{path[:200]!r}: the repository's .git folder "
+                                      f"is not readable through the tools")
     if ".git" in pure.parts:
-      raise PathRefused(f"{path[:200]!r}: the repository's .git folder is not readable "
-                        f"through the tools")
+      raise git_refusal
     try:
       full = (self.root / pure).resolve()
     except (OSError, RuntimeError):  # a symlink loop
       raise CallError(f"{path[:200]!r}: cannot be resolved (a symlink loop?)") from None
     if full != self.root and self.root not in full.parents:
       raise PathRefused(f"{path[:200]!r}: leads outside the repository (a symlink)")
+    if full.relative_to(self.root).parts[:1] == (".git",):  # a symlink into .git
+      raise git_refusal
     return full
 
   def _rel(self, full: pathlib.Path) -> str:
@@ -294,6 +335,18 @@ class Workspace:
                             list(self.test_dirs), self.config.test_timeout_s)
     return suite_summary(result)
 
+  def git(self, command: str) -> str:
+    try:
+      argv = git_tool.parse_command(command)
+      if self._git_dir is None:
+        self._git_dir = git_tool.repo_payload(self.root / ".git")
+      tree = git_tool.repo_payload(self.root, lambda p: ".git" not in
+                                   p.relative_to(self.root).parts)
+    except git_tool.GitRefused as e:
+      raise CallError(str(e)) from None
+    files = {**tree, **{f".git/{k}": v for k, v in self._git_dir.items()}}
+    return git_tool.run(self.suite.run_program, files, argv, self.config.git_timeout_s)
+
   # ---------------------------------------------------------------- dispatch
 
   def execute(self, call: ToolCall) -> str:
@@ -304,8 +357,8 @@ class Workspace:
     """
     if call.name == "submit":
       return "submitted"
-    if call.name == "run_tests":  # the sandbox's own errors are the operator's to see
-      return cap(self.run_tests(**call.args), self.config.max_output_chars)
+    if call.name in ("run_tests", "git"):  # the sandbox's errors are the operator's to see
+      return cap(getattr(self, call.name)(**call.args), self.config.max_output_chars)
     try:
       out = getattr(self, call.name)(**call.args)
     except OSError as e:  # a name too long, a file the mode forbids: an observation

@@ -1,5 +1,5 @@
-"""A toy library with its own pytest tests, written in tmp (fast SWE tests), and a suite
-runner on sandbox cells shared by the session."""
+"""A toy library with its own pytest tests, written in tmp (fast SWE tests), a suite
+runner on sandbox cells shared by the session, and the toy library's synthesized tasks."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import pytest
 
 from evotrainer import sandbox
 from evotrainer.tasks.swe import runner as runner_lib
+from evotrainer.tasks.swe import synth
+from evotrainer.tasks.swe.records import Mutation, SweTask
 from evotrainer.tasks.swe.sources import Source
 
 TOY_LIB = textwrap.dedent('''\
@@ -75,6 +77,14 @@ TOY = Source("toylib", "0.1.0", "toylib-0.1.0.tar.gz", "0" * 64, ("toylib",), ("
 TOY_TEST_IDS = {f"tests/test_toylib.py::{name}" for name in (
     "test_add", "test_add_negative", "test_clamp_low", "test_clamp_high", "test_clamp_mid",
     "test_total", "test_scale")}
+# A bug planted by hand in the toy library: `add` subtracts. test_add (2 - 3 != 5) and
+# test_add_negative (-1 - 1 != 0) fail; nothing else calls `add`.
+ADD_F2P = ("tests/test_toylib.py::test_add", "tests/test_toylib.py::test_add_negative")
+ADD_TASK = SweTask(
+    instance_id="toylib-add", repo="toylib==0.1.0", base="", problem_statement="add is wrong",
+    FAIL_TO_PASS=ADD_F2P, PASS_TO_PASS=tuple(sorted(TOY_TEST_IDS - set(ADD_F2P))),
+    mutation=Mutation("toylib/__init__.py", "add", "operator_swap", 5, "return a + b",
+                      "return a - b"))
 
 
 def write_toy(root: pathlib.Path) -> pathlib.Path:
@@ -99,3 +109,12 @@ def suite():
     pytest.skip(str(e))
   with runner_lib.SuiteRunner(workers=2, timeout_s=60) as s:
     yield s
+
+
+@pytest.fixture(scope="module")
+def toy_tasks(toy_tree, suite):
+  """Tasks synthesized on the toy library (at least 6; a few seconds)."""
+  tasks, stats = synth.synthesize(TOY, toy_tree, suite,
+                                  synth.SynthConfig(max_tasks=12, max_candidates=40))
+  assert len(tasks) >= 6, stats
+  return tasks

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from evotrainer.tasks.swe import agents, records, repo, sources, splits, synth
+from evotrainer.tasks.swe import agents, episode, records, repo, sources, splits, synth, tools
 
 REGISTRY = "https://pypi.org/simple/xmltodict/"
 
@@ -59,3 +59,17 @@ def test_xmltodict_tasks_oracle_and_random(tmp_path_factory, suite):
   assert [t.instance_id for t in back] == [t.instance_id for t in tasks]
   assert {t.split for t in back} <= set(splits.SPLITS)
   assert time.monotonic() - start < 120
+  # The history leak on the real library: reading `git diff HEAD HEAD~1` resolves every
+  # task where the checkout keeps its base, none where the history is cleared (default).
+  config = tools.ToolConfig(git=True, max_output_chars=600)  # gin/swe_train.gin's cap
+  for keep_history in (True, False):
+    dirs = []
+    for task in tasks:
+      dest = work / f"history-{keep_history}" / task.instance_id
+      repo.checkout(tree, task, dest, keep_history=keep_history)
+      agents.history_agent(episode.SweEpisode(tools.Workspace(dest, suite, source.tests,
+                                                              config)))
+      dirs.append(dest)
+    resolved = [g.resolved for g in repo.grade_many(tasks, [tree] * n, dirs, suite,
+                                                   [source.tests] * n)]
+    assert resolved == [keep_history] * n, (keep_history, resolved)

@@ -70,14 +70,6 @@ def test_planted_operator_swap_has_the_hand_computed_f2p(toy_tree, suite):
   assert task.difficulty in ("easy", "medium")
 
 
-@pytest.fixture(scope="module")
-def toy_tasks(toy_tree, suite):
-  tasks, stats = synth.synthesize(TOY, toy_tree, suite,
-                                  synth.SynthConfig(max_tasks=12, max_candidates=40))
-  assert len(tasks) >= 6, stats
-  return tasks
-
-
 def test_every_kept_task_respects_the_bounds(toy_tasks):
   for task in toy_tasks:
     assert 1 <= len(task.FAIL_TO_PASS) <= synth.SynthConfig().max_f2p

@@ -192,6 +192,7 @@ def test_stop_reasons_and_info(ws):
   assert done.stop == "submitted"
   assert done.info() == {
       "turns": 3, "stop": "submitted", "submitted": True, "refused_paths": 0,
+      "git_internals": 0,
       "tool_calls": [{"name": "list_dir", "turn": 1, "args": {"path": "toylib"}, "ok": True},
                      {"name": "submit", "turn": 2, "args": {}, "ok": True}]}
   assert episode_lib.tool_validity(done) == pytest.approx(2 / 3)

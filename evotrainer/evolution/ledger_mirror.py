@@ -1,0 +1,111 @@
+"""The ledger of a workdir, local or `gs://`.
+
+SQLite needs a local disk (file locks, a WAL, fsync); an object store offers none of it.
+So the ledger of a `gs://` workdir is a local file in the workdir's mirror
+(evotrainer/paths.py, `workdir_mirror.directory`), and after every commit a consistent
+snapshot of it (SQLite's backup API) is uploaded to `<workdir>/ledger.sqlite` in one
+object write, which is atomic. The local commit comes first: a crash between a commit
+and its upload loses nothing, and the next open on this host uploads it. A local
+workdir's ledger is the file in the workdir, as always.
+
+Which copy is newer. Every commit of a mirrored ledger counts up its meta key
+`mirror_commits` (ledger.COMMITS_KEY); `ledger.sqlite.pushed` beside the local copy
+records the count last uploaded. On open:
+
+  no local copy                          the workdir's is fetched (or a new one created)
+  local count >= the workdir's           the local copy is used (uploaded when ahead)
+  the workdir's ahead, nothing of the
+    local copy left to upload            the workdir's is fetched (a run on another host)
+  both ahead of the last upload          LedgerError (diverged): both kept, none replaced
+
+An upload that fails (network) is logged and retried with the next commit's snapshot; the
+local file holds every commit meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import sqlite3
+from evotrainer import paths
+from evotrainer.evolution.ledger import COMMITS_KEY, Ledger, LedgerError
+
+log = logging.getLogger(__name__)
+
+LEDGER = "ledger.sqlite"
+
+
+def ledger_exists(workdir: paths.PathLike) -> bool:
+  """Whether `workdir` (local or gs://) holds a ledger."""
+  return (paths.as_path(workdir) / LEDGER).is_file()
+
+
+def open_ledger(workdir: paths.PathLike) -> Ledger:
+  """The ledger of `workdir` (created when absent); see the module docstring."""
+  if not paths.is_remote(workdir):
+    return Ledger(pathlib.Path(os.path.expanduser(os.fspath(workdir))) / LEDGER)
+  mirror = paths.Mirror(workdir)
+  local, remote = mirror.local(LEDGER), mirror.target(LEDGER)
+  pushed_file = mirror.local(LEDGER + ".pushed")
+  pushed = json.loads(pushed_file.read_text())["commits"] if pushed_file.exists() else 0
+  here = _commits(local) if local.exists() else None
+  there = None
+  if remote.exists():
+    fetched = mirror.local(LEDGER + ".fetched")
+    fetched.write_bytes(remote.read_bytes())
+    there = _commits(fetched)
+    if here is None or there > here:
+      if here is not None and here > pushed:
+        raise LedgerError(
+            f"ledger of {workdir}: the local copy {local} holds {here - pushed} commit(s) "
+            f"never uploaded, and the workdir's copy was advanced meanwhile (by a run on "
+            f"another host?) to {there} commits; both were kept ({local}, {remote}): "
+            f"choose one and remove the other (or use a new workdir)")
+      for suffix in ("-wal", "-shm"):  # a stale WAL must never be applied to the new file
+        local.with_name(local.name + suffix).unlink(missing_ok=True)
+      os.replace(fetched, local)
+      pushed_file.write_text(json.dumps({"commits": there}))
+      log.info("ledger of %s: fetched the workdir's copy (%d commits)", workdir, there)
+      here = there
+    else:
+      fetched.unlink()
+
+  def upload(ledger: Ledger) -> None:
+    _upload(ledger, mirror, pushed_file)
+
+  ledger = Ledger(local, root=paths.resolve(workdir), on_commit=upload)
+  if here is not None and (there is None or here > there):
+    upload(ledger)  # a crash came between a commit and its upload (a new file: uploaded)
+  return ledger
+
+
+def _commits(path: pathlib.Path) -> int:
+  """The `mirror_commits` count of a ledger file (0 when absent or not counted)."""
+  conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+  try:
+    row = conn.execute("SELECT value FROM meta WHERE key=?", (COMMITS_KEY,)).fetchone()
+  except sqlite3.DatabaseError as e:
+    raise LedgerError(f"{path} is not a readable ledger ({e})") from None
+  finally:
+    conn.close()
+  return 0 if row is None else int(json.loads(row[0]))
+
+
+def _upload(ledger: Ledger, mirror: paths.Mirror, pushed_file: pathlib.Path) -> None:
+  """Uploads a snapshot of `ledger` to the workdir and records its commit count."""
+  snap = mirror.local(LEDGER + ".upload")
+  snap.unlink(missing_ok=True)
+  ledger.snapshot(snap)
+  count = _commits(snap)
+  try:
+    paths.write_atomic(mirror.target(LEDGER), snap.read_bytes())
+  except Exception as e:  # pylint: disable=broad-except  (retried with the next commit)
+    log.warning("ledger of %s: upload failed (%s); the local copy %s holds the commit, "
+                "the next commit uploads it", mirror.workdir, e, ledger.path)
+    return
+  pushed_file.write_text(json.dumps({"commits": count}))
+
+
+__all__ = ["LEDGER", "ledger_exists", "open_ledger"]
