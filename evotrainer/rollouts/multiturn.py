@@ -79,7 +79,9 @@ class TurnBudget:
       the episode 'env_timeout' (the step's thread is abandoned, not killed: the tools
       themselves must bound their work, as the sandbox does).
     mask_budget_stops: episodes that end on a budget (`BUDGET_STOPS`) get an all-zero
-      loss mask, so a cut-off trajectory trains nothing.
+      loss mask, so a cut-off trajectory trains nothing. (The harness-side alternative,
+      which the evolution can toggle: `StopReasonFilter.stops` listing those reasons
+      cuts such episodes from the batch.)
   """
 
   max_turns: int = 8

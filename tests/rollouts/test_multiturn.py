@@ -190,6 +190,11 @@ def test_mask_budget_stops_zeroes_the_loss_mask(model, sampler):
   assert kinds == {"submitted", "max_turns"}  # both kinds present
   for i, stop in enumerate(_stops(gen)):
     assert gen.loss_mask[i].any() == (stop not in BUDGET_STOPS)
+  # The harness-side alternative cuts the same episodes.
+  from evotrainer.harness.filters import StopReasonFilter
+  eps = gen.episodes(EchoTask(), version="v0", step=1, split="train", group=2)
+  keep = StopReasonFilter(stops=BUDGET_STOPS)(eps).keep
+  assert keep.tolist() == [s not in BUDGET_STOPS for s in _stops(gen)]
 
 
 def test_compiled_programs_stay_bounded(model):
