@@ -51,7 +51,7 @@ from typing import Mapping, Optional, Sequence
 
 import gin
 
-from evotrainer.tasks.base import Problem
+from evotrainer.tasks.base import Problem, normalize_prompt
 from evotrainer.tasks.swe import agents, mutate, records, repo as repo_lib, runner as runner_lib
 from evotrainer.tasks.swe import sources as sources_lib
 from evotrainer.tasks.swe import splits as splits_lib
@@ -282,6 +282,18 @@ class SweDomain:
                     if t.difficulty in self.difficulties}
     self.splits = {s: [self._problem(t) for t in self.records.values() if t.split == s]
                    for s in splits_lib.SPLITS}
+    # Two mutants can fail the same tests with the same messages: one issue text. A
+    # held-out task whose text is already in an earlier split is dropped (logged).
+    seen = {normalize_prompt(p.prompt) for p in self.splits["train"]}
+    self.duplicates = 0
+    for split in ("validation", "test"):
+      kept = [p for p in self.splits[split] if normalize_prompt(p.prompt) not in seen]
+      self.duplicates += len(self.splits[split]) - len(kept)
+      seen |= {normalize_prompt(p.prompt) for p in kept}
+      self.splits[split] = kept
+    if self.duplicates:
+      log.info("SweDomain: dropped %d held-out task(s) whose issue text is in an earlier "
+               "split", self.duplicates)
     empty = [s for s, ps in self.splits.items() if not ps]
     if empty:
       raise ValueError(f"SweDomain: no {'/'.join(empty)} tasks among {len(self.records)} "
