@@ -3,8 +3,8 @@
 Task set: built once from the pinned libraries (`sources.fetch`, `synth.synthesize`),
 every task's oracle episode run through the real tools and graded (a task the oracle does
 not resolve is dropped and counted), split train / validation / test by
-`splits.assign_splits`, and cached under `cache_dir` keyed by the sources' pins (or a
-local tree's content), the synthesis knobs, the tool knobs and `FORMAT` (`build_task_set`).
+`splits.assign_splits`; synthesis and oracle transcripts are cached under `cache_dir`
+(`build_task_set`: changing a tool knob replays the oracle, not the synthesis).
 
 Chat format for from-scratch tokenizers (the layout of
 `SentencePieceTokenizer.apply_chat_template`, plus a `Tool` role for observations):
@@ -130,6 +130,22 @@ def oracle_transcript(task: records.SweTask, tree: pathlib.Path, test_dirs: Sequ
   return turns, repo_lib.grade(task, tree, dest, suite, test_dirs)
 
 
+def _key(obj) -> str:
+  return hashlib.sha256(json.dumps(obj, sort_keys=True, default=list).encode()).hexdigest()[:24]
+
+
+def _cached(path: pathlib.Path, make) -> dict:
+  """The JSON at `path`, or `make()` written there first (atomically)."""
+  if path.is_file():
+    return json.loads(path.read_text())
+  data = make()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(f".{os.getpid()}.tmp")
+  tmp.write_text(json.dumps(data))
+  os.replace(tmp, path)
+  return data
+
+
 def build_task_set(names: Sequence[str], config: synth_lib.SynthConfig,
                    suite: runner_lib.SuiteRunner, *, cache_dir: str,
                    manifest: Optional[str] = None, trees: Optional[Mapping[str, str]] = None,
@@ -137,7 +153,10 @@ def build_task_set(names: Sequence[str], config: synth_lib.SynthConfig,
                    budget: Budget = Budget(), oracle_context: int = 2,
                    fractions: Sequence[float] = (0.8, 0.1, 0.1), group_by: str = "function",
                    split_seed: int = 0) -> TaskSet:
-  """Builds (or loads from `cache_dir/tasks/`) the task set of the named sources.
+  """Builds the task set of the named sources, through two caches in `cache_dir/tasks/`:
+  each source's synthesized tasks (`synth-<key>.json`, keyed by its pin, or a local
+  tree's content, and the synthesis knobs) and their oracle transcripts
+  (`oracle-<key>.json`, keyed further by the tool knobs, budgets and `oracle_context`).
 
   Args:
     names: source names of the manifest.
@@ -161,49 +180,46 @@ def build_task_set(names: Sequence[str], config: synth_lib.SynthConfig,
   picked = [all_sources[n] for n in names]
   fetched = {s.repo: (pathlib.Path(trees[s.name]) if s.name in trees
                       else sources_lib.fetch(s, cache)) for s in picked}
-  pins = [dataclasses.asdict(s) | ({"tree": _tree_digest(fetched[s.repo])}
-                                   if s.name in trees else {}) for s in picked]
-  key = hashlib.sha256(json.dumps(
-      {"format": FORMAT, "pins": pins, "synth": dataclasses.asdict(config),
-       "tools": dataclasses.asdict(tool_config), "budget": dataclasses.asdict(budget),
-       "oracle_context": oracle_context, "fractions": list(fractions), "group_by": group_by,
-       "split_seed": split_seed}, sort_keys=True, default=list).encode()).hexdigest()[:24]
-  path = cache / "tasks" / f"swe-{key}.json"
-  test_dirs = {s.repo: tuple(s.tests) for s in picked}
-  trees_by_repo = {repo: str(tree) for repo, tree in fetched.items()}
-  if path.is_file():
-    data = json.loads(path.read_text())
-    tasks = [records.from_row(row, f"{path}:{i}") for i, row in enumerate(data["tasks"])]
-    return TaskSet(tasks, trees_by_repo, test_dirs, data["transcripts"], data["stats"])
   tasks, transcripts, stats = [], {}, {}
   with tempfile.TemporaryDirectory(prefix="swe-build-") as work:
     for source in picked:
       tree = fetched[source.repo]
-      built, synth_stats = synth_lib.synthesize(source, tree, suite, config)
-      start = time.monotonic()
-      kept, grades = [], []
-      for task in built:
-        task = synth_lib.with_base(task, tree, pathlib.Path(work) / "base")
-        turns, grade = oracle_transcript(task, tree, source.tests, suite, tool_config,
-                                         budget, pathlib.Path(work) / task.instance_id,
-                                         oracle_context)
-        shutil.rmtree(pathlib.Path(work) / task.instance_id, ignore_errors=True)
-        grades.append(grade.resolved)
-        if grade.resolved:
-          kept.append(task)
-          transcripts[task.instance_id] = turns
+      pin = dataclasses.asdict(source) | ({"tree": _tree_digest(tree)}
+                                          if source.name in trees else {})
+      synth_key = _key({"format": FORMAT, "pin": pin, "synth": dataclasses.asdict(config)})
+
+      def synthesize(source=source, tree=tree) -> dict:
+        built, synth_stats = synth_lib.synthesize(source, tree, suite, config)
+        built = [synth_lib.with_base(t, tree, pathlib.Path(work) / "base") for t in built]
+        return {"tasks": [t.to_row() for t in built],
+                "stats": dataclasses.asdict(synth_stats)}
+
+      path = cache / "tasks" / f"synth-{synth_key}.json"
+      synthesized = _cached(path, synthesize)
+      built = [records.from_row(row, f"{path}:{i}")
+               for i, row in enumerate(synthesized["tasks"])]
+
+      def oracle(source=source, tree=tree, built=built) -> dict:
+        start, out = time.monotonic(), {}
+        for task in built:
+          dest = pathlib.Path(work) / task.instance_id
+          turns, grade = oracle_transcript(task, tree, source.tests, suite, tool_config,
+                                           budget, dest, oracle_context)
+          shutil.rmtree(dest, ignore_errors=True)
+          out[task.instance_id] = turns if grade.resolved else None
+        return {"transcripts": out, "oracle_s": round(time.monotonic() - start, 2)}
+
+      oracle_key = _key({"synth": synth_key, "tools": dataclasses.asdict(tool_config),
+                         "budget": dataclasses.asdict(budget), "context": oracle_context})
+      played = _cached(cache / "tasks" / f"oracle-{oracle_key}.json", oracle)
+      kept = [t for t in built if played["transcripts"].get(t.instance_id)]
+      transcripts.update({t.instance_id: played["transcripts"][t.instance_id] for t in kept})
       tasks += kept
-      stats[source.repo] = {**dataclasses.asdict(synth_stats),
-                            "oracle_s": round(time.monotonic() - start, 2),
-                            "oracle_rate": sum(grades) / max(len(grades), 1),
-                            "kept": len(kept)}
+      stats[source.repo] = {**synthesized["stats"], "oracle_s": played["oracle_s"],
+                            "oracle_rate": len(kept) / max(len(built), 1), "kept": len(kept)}
   tasks = splits_lib.assign_splits(tasks, fractions, group_by, split_seed)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(".tmp")
-  tmp.write_text(json.dumps({"tasks": [t.to_row() for t in tasks],
-                             "transcripts": transcripts, "stats": stats}))
-  os.replace(tmp, path)
-  return TaskSet(tasks, trees_by_repo, test_dirs, transcripts, stats)
+  return TaskSet(tasks, {repo: str(tree) for repo, tree in fetched.items()},
+                 {s.repo: tuple(s.tests) for s in picked}, transcripts, stats)
 
 
 @gin.configurable(module="tasks")
