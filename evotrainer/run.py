@@ -282,7 +282,7 @@ def _sample(model, tok, task, mesh, seed, num_problems, samples_per_problem, sam
   from flax import nnx
 
   from evotrainer.sampling import Sampler
-  from evotrainer.train import Rollout
+  from evotrainer.rollouts import Rollout
 
   vocab_limit = tok.vocab_size if tok.vocab_size < model.config.vocab_size else None
   rollout = Rollout(task, tok, Sampler(model, pad_id=tok.pad_id, mesh=mesh,

@@ -32,13 +32,16 @@ from evotrainer.console import progress_bar
 from evotrainer.harness.diagnostics import run_diagnostics
 from evotrainer.harness.pipeline import Harness
 from evotrainer.learner.step import Learner, TrainState
+from evotrainer.rollouts.generation import merge
+from evotrainer.rollouts.multiturn import rollout_for
+from evotrainer.rollouts.single_turn import Rollout
 from evotrainer.rollouts.store import RolloutStore
-from evotrainer.sampling import Sampler, SamplingParams, left_pad
+from evotrainer.sampling import Sampler, SamplingParams
 from evotrainer.sharding.mesh import state_shardings
 from evotrainer.sharding.multihost import (broadcast_json, check_agree, is_multiprocess,
                                            is_primary, to_host)
 from evotrainer.sharding.rules import SAMPLER_RULES
-from evotrainer.types import Episode, TrainBatch
+from evotrainer.types import TrainBatch
 
 log = logging.getLogger(__name__)
 
@@ -46,111 +49,6 @@ log = logging.getLogger(__name__)
 def data_seed(seed: int, step: int) -> int:
   """Seed of the prompts of `step` (the data position is the step number)."""
   return (seed * 1_000_003 + step) % (2**31 - 1)
-
-
-@dataclasses.dataclass
-class Generation:
-  """Host-side rollouts of one batch of problems (rows grouped: G per problem)."""
-
-  problems: list  # [B] Problem, each repeated G times in a row
-  prompt_tokens: np.ndarray  # [B, P] left-padded
-  prompt_lengths: np.ndarray  # [B]
-  tokens: np.ndarray  # [B, N] completion ids
-  logprobs: np.ndarray  # [B, N]
-  lengths: np.ndarray  # [B]
-  truncated: np.ndarray  # [B] bool
-  texts: list  # [B] decoded completions
-  scores: list  # [B] dicts of reward parts from the task
-
-  def part(self, name: str) -> np.ndarray:
-    return np.array([s.get(name, 0.0) for s in self.scores], np.float32)
-
-  def episodes(self, task, *, version: str, step: int, split: str, group: int,
-               first_row: int = 0) -> list:
-    """One `Episode` per row; ids `version/split/step/row`, groups numbered per step."""
-    out = []
-    for i, p in enumerate(self.problems):
-      row = first_row + i
-      n = int(self.lengths[i])
-      out.append(Episode(
-          episode_id=f"{version}/{split}/{step}/{row}", group_id=row // group, task_id=p.id,
-          prompt=task.format_prompt(p), completion=self.texts[i], answer=p.answer,
-          reward_parts=dict(self.scores[i]), version=version, step=step, split=split,
-          completion_ids=self.tokens[i, :n].copy(), logprobs=self.logprobs[i, :n].copy(),
-          truncated=bool(self.truncated[i]),
-          info={"stop": stop_reason(self.scores[i], bool(self.truncated[i]))}))
-    return out
-
-
-def stop_reason(score: dict, truncated: bool) -> str:
-  """Why a completion ended: 'malformed' (refused unread), else the task's own verdict
-  when it reports one as a one-hot `stop_<reason>` part (code: 'syntax_error',
-  'timeout', ...), else 'max_tokens' or 'stop_token'."""
-  if score.get("malformed"):
-    return "malformed"
-  for key, value in score.items():
-    if key.startswith("stop_") and value:
-      return key[len("stop_"):]
-  return "max_tokens" if truncated else "stop_token"
-
-
-def merge(gens: Sequence[Generation]) -> Generation:
-  """Concatenates generation rounds (prompts re-padded on the left to one width)."""
-  if len(gens) == 1:
-    return gens[0]
-  width = max(g.prompt_tokens.shape[1] for g in gens)
-  # Left padding is masked by prompt_lengths, so its id does not matter.
-  pad = lambda g: np.pad(g.prompt_tokens, ((0, 0), (width - g.prompt_tokens.shape[1], 0)))
-  cat = lambda name: np.concatenate([getattr(g, name) for g in gens])
-  return Generation(
-      problems=[p for g in gens for p in g.problems],
-      prompt_tokens=np.concatenate([pad(g) for g in gens]), prompt_lengths=cat("prompt_lengths"),
-      tokens=cat("tokens"), logprobs=cat("logprobs"), lengths=cat("lengths"),
-      truncated=cat("truncated"), texts=[t for g in gens for t in g.texts],
-      scores=[s for g in gens for s in g.scores])
-
-
-class Rollout:
-  """Encode prompts, sample, decode, score: the path from problems to scored text."""
-
-  def __init__(self, task, tokenizer, sampler: Sampler, sampler_shardings=None):
-    self.task = task
-    self.tok = tokenizer
-    self.sampler = sampler
-    self.sampler_shardings = sampler_shardings
-
-  def __call__(self, params, problems: Sequence, group: int, key: jax.Array,
-               sampling: SamplingParams, pad_rows_to: Optional[int] = None) -> Generation:
-    if self.sampler_shardings is not None:
-      params = jax.device_put(params, self.sampler_shardings)
-    rows = [p for p in problems for _ in range(group)]
-    ids = [self.tok.encode(self.task.format_prompt(p), add_bos=True) for p in rows]
-    n = len(ids)
-    if pad_rows_to and n < pad_rows_to:  # a fixed batch shape: no recompile
-      ids = ids + [ids[-1]] * (pad_rows_to - n)
-    batch = left_pad(ids, self.tok.pad_id)
-    out = self.sampler(params, batch, key, stop_ids=self.tok.stop_ids, sampling=sampling)
-    # Rows are sharded over the mesh, possibly over several processes: every process
-    # gathers the whole batch (a collective), so all hold the same host rollouts.
-    out = to_host(out)
-    tokens, lengths = out.tokens[:n], out.lengths[:n]
-    texts = [self.tok.decode(_cut_at_stop(tokens[i, :lengths[i]], self.tok.stop_ids))
-             for i in range(n)]
-    # Scored by process 0 and sent to the others: verifiers run under wall-clock
-    # timeouts (math-verify, the sandbox), so two hosts could score one text differently
-    # and then build different training batches (multihost.py).
-    scores = broadcast_json(self.task.score_many(rows, texts) if is_primary() else None)
-    return Generation(problems=rows, prompt_tokens=np.asarray(batch.tokens)[:n],
-                      prompt_lengths=np.asarray(batch.lengths)[:n], tokens=tokens,
-                      logprobs=out.logprobs[:n], lengths=lengths,
-                      truncated=out.truncated[:n], texts=texts, scores=scores)
-
-
-def _cut_at_stop(ids: np.ndarray, stop_ids: Sequence[int]) -> list:
-  ids = ids.tolist()
-  if ids and ids[-1] in stop_ids:
-    ids = ids[:-1]
-  return ids
 
 
 @gin.configurable(module="train")
@@ -313,7 +211,9 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
     workdir: run directory (checkpoints/, rollouts/, metrics.jsonl, findings.jsonl,
       tensorboard/).
     task: the domain (`train_problems`, `heldout_problems`, `format_prompt`, `score_many`);
-      evaluation reads its validation split only.
+      evaluation reads its validation split only. A task with `multi_turn = True`
+      (`tasks.base.MultiTurnTask`) runs episodes through `rollouts.MultiTurnRollout`
+      (gin: `MultiTurnRollout.budget = @TurnBudget()`).
     model, tokenizer: the policy (parameters are copied into the learner's state).
     mesh: device mesh, or None for the default device.
     seed: seed of the data order and of sampling.
@@ -365,8 +265,9 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
   learner = learner_factory(model, mesh, vocab_limit=vocab_limit)
   sampler = Sampler(model, pad_id=tokenizer.pad_id, mesh=mesh, vocab_limit=vocab_limit)
   params0 = nnx.state(model)
-  rollout = Rollout(task, tokenizer, sampler,
-                    None if mesh is None else state_shardings(params0, mesh, SAMPLER_RULES))
+  # Multi-turn tasks (`task.multi_turn`) get the multi-turn engine, same signature.
+  rollout = rollout_for(task, tokenizer, sampler,
+                        None if mesh is None else state_shardings(params0, mesh, SAMPLER_RULES))
   heldout = task.heldout_problems(eval_config.num_problems, split="validation")
   eval_key = eval_config.key()
   # Process 0 writes the run's files; the others log their step lines only.
@@ -455,7 +356,7 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
     batch = TrainBatch(
         prompt_tokens=gen.prompt_tokens[rows], prompt_lengths=gen.prompt_lengths[rows],
         completion_tokens=gen.tokens[rows],
-        loss_mask=_loss_mask(gen.lengths[rows], gen.tokens.shape[1]) & out.keep[rows, None],
+        loss_mask=gen.completion_mask()[rows] & out.keep[rows, None],
         advantages=out.advantages[rows].astype(np.float32), old_logprobs=gen.logprobs[rows],
         completion_lengths=gen.lengths[rows])
     t_harness += time.time() - t0
@@ -577,10 +478,6 @@ def _write_findings(workdir: str, step: int, findings: Sequence) -> None:
   with open(os.path.join(workdir, "findings.jsonl"), "a") as f:
     for x in findings:
       f.write(json.dumps({"step": step, **dataclasses.asdict(x)}, default=str) + "\n")
-
-
-def _loss_mask(lengths: np.ndarray, n: int) -> np.ndarray:
-  return np.arange(n)[None, :] < lengths[:, None]
 
 
 def _abstract(tree):

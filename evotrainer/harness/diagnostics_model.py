@@ -212,7 +212,8 @@ class TurnCount(ThresholdDiagnostic):
 
 @gin.configurable(module="harness")
 class StopReasons(ThresholdDiagnostic):
-  """Why completions ended (`info['stop']`, set by train.py): the share of each reason.
+  """Why completions ended (`info['stop']`, set by `rollouts.Generation.episodes`): the
+  share of each reason.
 
   Metrics `stop_<reason>` (non-word characters of the reason as '_') for every reason
   seen, and always `stop_malformed`: the share the task refused to read (too long, an

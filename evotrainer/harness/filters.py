@@ -300,7 +300,7 @@ class IdleFilter:
 class StopReasonFilter:
   """Cuts episodes whose stop reason (`episode.info['stop']`) is one of `stops`.
 
-  The trainer records why each completion ended (train.py, `Generation.episodes`):
+  The trainer records why each completion ended (`rollouts.Generation.episodes`):
   'stop_token', 'max_tokens', or 'malformed' when the task refused to read it (a text or
   answer too long, an answer nested too deep: the task's `malformed` part, see
   `MathTask.score_many`). By default malformed completions are cut, so they train

@@ -85,6 +85,62 @@ class Task(Protocol):
     ...
 
 
+class TurnEnv(Protocol):
+  """One episode's environment on the host: it reads model turns and answers with
+  observations until it stops (`rollouts.multiturn.MultiTurnRollout` drives it).
+
+  Attributes:
+    stop: None while the episode runs; else why the environment ended it ('submitted',
+      'max_turns', 'tool_error', 'echo_trap', ...). The rollout engine adds its own
+      budget stops (`rollouts.multiturn.STOPS`) without setting this field.
+  """
+
+  stop: Optional[str]
+
+  @property
+  def done(self) -> bool:
+    """True once the episode stopped (`stop is not None`)."""
+    ...
+
+  def step(self, text: str) -> str:
+    """Takes one model turn's text (its stop token cut) and returns the observation
+    text. Model text never makes it raise: a bad call is an observation. (A raise is
+    still contained by the engine: the episode stops 'tool_error'.)"""
+    ...
+
+  def info(self) -> dict:
+    """JSON-serializable record of the episode for `Episode.info` (tool calls, turns,
+    stop, ...)."""
+    ...
+
+
+@runtime_checkable
+class MultiTurnTask(Task, Protocol):
+  """A task whose episodes alternate model turns and environment observations.
+
+  The trainer uses `rollouts.multiturn.MultiTurnRollout` for a task whose `multi_turn`
+  attribute is True; `score` / `score_many` are then not called by the rollout (grading
+  happens in `finish_episodes`).
+  """
+
+  multi_turn: bool  # True
+
+  def start_episode(self, problem: Problem) -> TurnEnv:
+    """A fresh environment for one episode of `problem`."""
+    ...
+
+  def format_observation(self, observation: str) -> str:
+    """The text appended after a model turn: the observation in the chat template,
+    including the cue that opens the next model turn."""
+    ...
+
+  def finish_episodes(self, problems: Sequence[Problem],
+                      envs: Sequence[TurnEnv]) -> list[dict]:
+    """Reward parts of every finished episode (the grading), one dict per env with the
+    same keys for every call; releases the environments' resources."""
+    ...
+
+
 _SPACE = re.compile(r"\s+")
 
 SPLITS = ("train", "validation", "test")

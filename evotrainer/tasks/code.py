@@ -42,8 +42,8 @@ Reward parts (`score_many`, one sandbox run per completion, batched on a `CellPo
   hardcoded    1 when the program special-cases inputs (>= 2 `if x == literal` tests) or
                holds >= 2 hidden expected outputs as literals the statement does not show
   malformed    1 when the completion was refused unread (over `verify.MAX_TEXT_CHARS`)
-  stop_<r>     one-hot stop reason r in `code_exec.STOPS` + ('malformed',): train.py
-               puts it in `episode.info['stop']`
+  stop_<r>     one-hot stop reason r in `code_exec.STOPS` + ('malformed',):
+               `rollouts.stop_reason` puts it in `episode.info['stop']`
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from evotrainer.tasks.code import (STOP_PARTS, CodeTask, extract_code, hardcoded
                                    load_jsonl, reaches_for_harness)
 from evotrainer.tasks.code_problems import (TEMPLATES, fence, humaneval_problems,
                                             procedural_code_problem)
-from evotrainer.train import stop_reason
+from evotrainer.rollouts import stop_reason
 
 ADD7 = Problem("p/add7", "Write a Python function f(x) that returns x plus 7.",
                "def f(x):\n    return x + 7\n", fence("def f(x):\n    return x + 7\n"),

@@ -1,0 +1,333 @@
+"""Multi-turn rollouts: episodes that alternate model turns and environment observations.
+
+`MultiTurnRollout` has `Rollout`'s signature and returns a `Generation`, so `train()`
+and `evaluate()` use either; `train()` picks this one for a task with `multi_turn =
+True` (`tasks.base.MultiTurnTask`). One row is one episode (rows grouped G per problem).
+
+The turn loop, until every episode stopped:
+  1. every running episode's context (its prompt ids + its trajectory ids so far) is
+     left-padded into one batch of the full row count (stopped and padding rows get a
+     1-token filler, sampled and discarded) whose width is a bucket below the context
+     limit, so the sampler compiles one program per bucket at most; each row samples at
+     most `TurnBudget.max_tokens_per_turn` tokens, ending at the tokenizer's stop ids.
+     The context is re-prefilled every turn (no KV-cache continuation; bench/multiturn.py
+     measures the prefill share it would save);
+  2. the sampled ids are appended to the trajectory exactly as sampled (token in, token
+     out: never re-tokenized), with their sampler log-probs and loss mask 1;
+  3. `env.step(decoded turn text)` runs for every such episode at once, each on its own
+     host thread under `tool_time_limit_s`, on process 0 only (observations and stops
+     are broadcast to the other processes);
+  4. unless the episode stopped, `task.format_observation(observation)` is encoded (no
+     BOS) and appended with loss mask 0 and log-prob 0.
+At the end `task.finish_episodes` grades every episode (process 0; scores broadcast).
+
+Stop reasons (`Episode.info['stop']`; `truncated` = a budget stop, `BUDGET_STOPS`):
+  submitted, echo_trap, tool_error, ...  the environment's own (`env.stop`; `max_turns`
+                                         too when the env keeps its own turn budget)
+  max_turns    `TurnBudget.max_turns` model turns taken
+  max_context  the next turn (`max_tokens_per_turn` more tokens) or the next observation
+               would not fit in the context limit
+  max_tokens   the episode's model tokens reached `TurnBudget.max_model_tokens`. A turn
+               that hits `max_tokens_per_turn` without a stop id is not a stop: its text
+               still goes to the environment (the model simply wrote a long turn)
+  env_timeout  one `env.step` ran longer than `tool_time_limit_s`
+  tool_error   `env.step` raised (contained: the episode stops, the batch goes on), or
+               the environment stopped with it
+Each row's scores carry the stop one-hot as `stop_<reason>` parts (`STOPS`, plus the
+reason itself when an environment reports another), so `generation.stop_reason` and
+`Episode.info['stop']` agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Optional, Sequence
+
+import gin
+import jax
+import numpy as np
+
+from evotrainer.rollouts.generation import Generation, cut_at_stop
+from evotrainer.rollouts.single_turn import Rollout
+from evotrainer.sampling import Sampler, SamplingParams, left_pad
+from evotrainer.sampling.sampler import DEFAULT_BUCKETS
+from evotrainer.sharding.multihost import broadcast_json, is_primary, to_host
+
+STOPS = ("submitted", "max_turns", "max_context", "max_tokens", "env_timeout", "tool_error",
+         "echo_trap")
+BUDGET_STOPS = ("max_turns", "max_context", "max_tokens", "env_timeout")
+
+
+@gin.configurable(module="rollouts")
+@dataclasses.dataclass(frozen=True)
+class TurnBudget:
+  """The budgets of one multi-turn episode.
+
+  Attributes:
+    max_turns: model turns at most; then the episode stops 'max_turns'.
+    max_context: prompt + trajectory tokens at most (capped further by the model's
+      `max_position_embeddings`); an episode whose next turn or observation would not
+      fit stops 'max_context'.
+    max_tokens_per_turn: tokens sampled per model turn at most (the turn ends earlier at
+      a stop id). `SamplingParams.max_new_tokens` is not read by the multi-turn engine.
+    max_model_tokens: the episode's sampled tokens at most, over all turns (None: no such
+      budget); reaching it stops the episode 'max_tokens' after that turn's step.
+    tool_time_limit_s: wall-clock seconds one `env.step` may take; a longer step stops
+      the episode 'env_timeout' (the step's thread is abandoned, not killed: the tools
+      themselves must bound their work, as the sandbox does).
+    mask_budget_stops: episodes that end on a budget (`BUDGET_STOPS`) get an all-zero
+      loss mask, so a cut-off trajectory trains nothing.
+  """
+
+  max_turns: int = 8
+  max_context: int = 1024
+  max_tokens_per_turn: int = 64
+  max_model_tokens: Optional[int] = None
+  tool_time_limit_s: float = 60.0
+  mask_budget_stops: bool = False
+
+  def __post_init__(self):
+    if self.max_turns < 1 or self.max_tokens_per_turn < 1:
+      raise ValueError(f"TurnBudget.max_turns and .max_tokens_per_turn must be >= 1 "
+                       f"(got {self.max_turns}, {self.max_tokens_per_turn})")
+    if self.max_context <= self.max_tokens_per_turn:
+      raise ValueError(f"TurnBudget.max_context={self.max_context} must exceed "
+                       f"max_tokens_per_turn={self.max_tokens_per_turn} (room for a prompt)")
+    if self.max_model_tokens is not None and self.max_model_tokens < 1:
+      raise ValueError(f"TurnBudget.max_model_tokens must be >= 1 or None, got "
+                       f"{self.max_model_tokens}")
+    if not self.tool_time_limit_s > 0:
+      raise ValueError(f"TurnBudget.tool_time_limit_s must be > 0, got "
+                       f"{self.tool_time_limit_s}")
+
+
+@dataclasses.dataclass
+class EpisodeTrack:
+  """One episode's token trajectory as it grows (host side).
+
+  Attributes:
+    ids: trajectory ids after the prompt: sampled turns and encoded observations.
+    logprobs: the sampler's log-prob of each sampled id, 0 at observation ids.
+    mask: True at sampled ids (trained), False at observation ids.
+    spans: per model turn [start, end, sum of its log-probs], indices into `ids`.
+    text: the decoded trajectory (turn texts with stop ids cut, observation texts).
+    stop: None while running, else the stop reason.
+    error: what went wrong for 'tool_error' / 'env_timeout' stops by the engine.
+  """
+
+  ids: list = dataclasses.field(default_factory=list)
+  logprobs: list = dataclasses.field(default_factory=list)
+  mask: list = dataclasses.field(default_factory=list)
+  spans: list = dataclasses.field(default_factory=list)
+  text: str = ""
+  stop: Optional[str] = None
+  error: Optional[str] = None
+
+  @property
+  def model_tokens(self) -> int:
+    return int(sum(self.mask))
+
+
+def context_buckets(cap: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> tuple:
+  """The bucket widths below `cap`, then `cap` itself: widths never exceed the cap, and
+  a run compiles one program per bucket at most."""
+  return tuple(b for b in buckets if b < cap) + (cap,)
+
+
+@gin.configurable(module="rollouts")
+class MultiTurnRollout:
+  """Problems -> batched multi-turn episodes -> a scored `Generation` (module docstring).
+
+  Args:
+    task: a `tasks.base.MultiTurnTask`.
+    tokenizer: the policy's tokenizer (its `stop_ids` end a model turn).
+    sampler: the compiled sampler.
+    sampler_shardings: parameter shardings of the sampler (as `Rollout`'s).
+    budget: the episode budgets (gin: `MultiTurnRollout.budget = @TurnBudget()`).
+  """
+
+  def __init__(self, task, tokenizer, sampler: Sampler, sampler_shardings=None,
+               budget: TurnBudget = TurnBudget()):
+    for name in ("start_episode", "format_observation", "finish_episodes"):
+      if not callable(getattr(task, name, None)):
+        raise TypeError(f"{type(task).__name__} declares multi_turn but has no {name}() "
+                        "(see tasks.base.MultiTurnTask)")
+    self.task = task
+    self.tok = tokenizer
+    self.sampler = sampler
+    self.sampler_shardings = sampler_shardings
+    self.budget = budget
+    # Prompt + trajectory tokens at most; every sampled context leaves room for a turn.
+    self.context_limit = min(budget.max_context, sampler.config.max_position_embeddings)
+    if self.context_limit <= budget.max_tokens_per_turn:
+      raise ValueError(
+          f"the context limit {self.context_limit} (min of TurnBudget.max_context and the "
+          f"model's max_position_embeddings) leaves no room for a prompt before a turn of "
+          f"TurnBudget.max_tokens_per_turn={budget.max_tokens_per_turn} tokens")
+    self.buckets = context_buckets(self.context_limit - budget.max_tokens_per_turn)
+
+  def __call__(self, params, problems: Sequence, group: int, key: jax.Array,
+               sampling: SamplingParams, pad_rows_to: Optional[int] = None) -> Generation:
+    """Runs G episodes per problem; `sampling` gives temperature / top-k / top-p /
+    greedy (its `max_new_tokens` is replaced by `TurnBudget.max_tokens_per_turn`)."""
+    if self.sampler_shardings is not None:
+      params = jax.device_put(params, self.sampler_shardings)
+    budget = self.budget
+    rows = [p for p in problems for _ in range(group)]
+    n = len(rows)
+    prompts = [self.tok.encode(self.task.format_prompt(p), add_bos=True) for p in rows]
+    primary = is_primary()
+    envs = [self.task.start_episode(p) for p in rows] if primary else None
+    tracks = [EpisodeTrack() for _ in rows]
+    turn = dataclasses.replace(sampling, max_new_tokens=budget.max_tokens_per_turn)
+    room = self.context_limit - budget.max_tokens_per_turn  # context before a turn
+    for t in range(budget.max_turns):
+      for i, tr in enumerate(tracks):
+        if tr.stop is None and len(prompts[i]) + len(tr.ids) > room:
+          tr.stop = "max_context"  # only a prompt too long for one turn gets here
+      live = [i for i, tr in enumerate(tracks) if tr.stop is None]
+      if not live:
+        break
+      texts = self._sample_turn(params, prompts, tracks, live, max(n, pad_rows_to or 0),
+                                jax.random.fold_in(key, t), turn)
+      # Process 0 steps the environments (tools run under wall-clock limits, so hosts
+      # could disagree) and sends every process the same observations and stops.
+      results = broadcast_json(
+          _step_envs([envs[i] for i in live], [texts[i] for i in live],
+                     budget.tool_time_limit_s) if primary else None)
+      for i, (observation, stop, error) in zip(live, results):
+        self._after_step(tracks[i], observation, stop, error, len(prompts[i]), t + 1)
+    finished = None
+    if primary:
+      finished = {"scores": self.task.finish_episodes(rows, envs),
+                  "infos": [env.info() for env in envs]}
+    finished = broadcast_json(finished)
+    return self._generation(rows, prompts, tracks, finished["scores"], finished["infos"])
+
+  def _sample_turn(self, params, prompts: list, tracks: list, live: list, b: int,
+                   key: jax.Array, turn: SamplingParams) -> dict:
+    """Samples one turn for the `live` rows (a batch of `b` rows); appends the sampled
+    ids to their tracks and returns {row: decoded turn text}."""
+    filler = [self.tok.pad_id]
+    contexts = [filler] * b
+    for i in live:
+      contexts[i] = prompts[i] + tracks[i].ids
+    batch = left_pad(contexts, self.tok.pad_id, self.buckets)
+    # Every process samples the same shapes and gathers the whole batch (a collective).
+    out = to_host(self.sampler(params, batch, key, stop_ids=self.tok.stop_ids,
+                               sampling=turn))
+    texts = {}
+    for i in live:
+      k = int(out.lengths[i])
+      ids, logp = out.tokens[i, :k], out.logprobs[i, :k]
+      tr = tracks[i]
+      tr.spans.append([len(tr.ids), len(tr.ids) + k, float(np.sum(logp, dtype=np.float64))])
+      tr.ids += ids.tolist()
+      tr.logprobs += logp.tolist()
+      tr.mask += [True] * k
+      texts[i] = self.tok.decode(cut_at_stop(ids, self.tok.stop_ids))
+      tr.text += texts[i]
+    return texts
+
+  def _after_step(self, tr: EpisodeTrack, observation: Optional[str], stop: Optional[str],
+                  error: Optional[str], prompt_len: int, turns: int) -> None:
+    """Records one environment step: the stop it decided, else the budgets', else the
+    observation appended (masked out of the loss)."""
+    budget = self.budget
+    tr.error = error
+    if stop is None and turns >= budget.max_turns:
+      stop = "max_turns"
+    if stop is None and budget.max_model_tokens is not None and \
+        tr.model_tokens >= budget.max_model_tokens:
+      stop = "max_tokens"
+    if stop is None:
+      text = self.task.format_observation(observation)
+      ids = self.tok.encode(text, add_bos=False)
+      if prompt_len + len(tr.ids) + len(ids) > self.context_limit - budget.max_tokens_per_turn:
+        stop = "max_context"
+      else:
+        tr.ids += ids
+        tr.logprobs += [0.0] * len(ids)
+        tr.mask += [False] * len(ids)
+        tr.text += text
+    tr.stop = stop
+
+  def _generation(self, rows: list, prompts: list, tracks: list, scores: list,
+                  infos: list) -> Generation:
+    """The host record of the finished episodes; widths bucketed (bounded learner
+    programs), trajectories right-padded with the pad id."""
+    n = len(rows)
+    lengths = np.array([len(tr.ids) for tr in tracks], np.int32)
+    width = _bucket(max(1, int(lengths.max())), context_buckets(self.context_limit))
+    tokens = np.full((n, width), self.tok.pad_id, np.int32)
+    logprobs = np.zeros((n, width), np.float32)
+    mask = np.zeros((n, width), bool)
+    for i, tr in enumerate(tracks):
+      tokens[i, :len(tr.ids)] = tr.ids
+      logprobs[i, :len(tr.ids)] = tr.logprobs
+      mask[i, :len(tr.ids)] = tr.mask
+    truncated = np.array([tr.stop in BUDGET_STOPS for tr in tracks])
+    if self.budget.mask_budget_stops:
+      mask &= ~truncated[:, None]
+    prompt = left_pad(prompts, self.tok.pad_id)
+    out_scores, out_infos = [], []
+    for tr, score, info in zip(tracks, scores, infos):
+      stops = {f"stop_{r}": float(r == tr.stop) for r in STOPS + (tr.stop,)}
+      out_scores.append({**score, **stops})
+      record = {"turns": len(tr.spans), **info, "stop": tr.stop, "turn_spans": tr.spans,
+                "model_tokens": tr.model_tokens}
+      if tr.error is not None:
+        record["error"] = tr.error
+      out_infos.append(record)
+    return Generation(problems=rows, prompt_tokens=np.asarray(prompt.tokens),
+                      prompt_lengths=np.asarray(prompt.lengths), tokens=tokens,
+                      logprobs=logprobs, lengths=lengths, truncated=truncated,
+                      texts=[tr.text for tr in tracks], scores=out_scores, loss_mask=mask,
+                      infos=out_infos)
+
+
+def _bucket(n: int, buckets: Sequence[int]) -> int:
+  return next(b for b in buckets if b >= n)
+
+
+def _step_envs(envs: Sequence, texts: Sequence[str], limit_s: float) -> list:
+  """[observation, stop, error] per env after `env.step(text)`, all envs at once.
+
+  Each step runs on its own daemon thread (tools block on subprocesses and I/O; the
+  batch bounds the thread count), so one slow tool delays no other episode, and a step
+  past `limit_s` is abandoned ('env_timeout') without holding up the batch or the
+  interpreter's exit. A raise is contained as 'tool_error' with the exception's text.
+  """
+  out: list = [None] * len(envs)
+
+  def work(j: int) -> None:
+    try:
+      observation = envs[j].step(texts[j])
+      if not isinstance(observation, str):
+        raise TypeError(f"env.step returned {type(observation).__name__}, not str")
+      out[j] = [observation, envs[j].stop, None]
+    except Exception as e:  # contained: only this episode stops
+      out[j] = [None, "tool_error", f"{type(e).__name__}: {e}"]
+
+  threads = [threading.Thread(target=work, args=(j,), daemon=True, name=f"env-step-{j}")
+             for j in range(len(envs))]
+  deadline = time.monotonic() + limit_s
+  for th in threads:
+    th.start()
+  results = []  # read once per step: an abandoned thread may still write `out` later
+  for j, th in enumerate(threads):
+    th.join(timeout=max(0.0, deadline - time.monotonic()))
+    done = out[j]
+    results.append(done if done is not None else
+                   [None, "env_timeout", f"env.step ran over {limit_s}s"])
+  return results
+
+
+def rollout_for(task, tokenizer, sampler: Sampler, sampler_shardings=None):
+  """The rollout engine of `task`: `MultiTurnRollout` when it declares `multi_turn =
+  True`, else the single-turn `Rollout`."""
+  if getattr(task, "multi_turn", False):
+    return MultiTurnRollout(task, tokenizer, sampler, sampler_shardings)
+  return Rollout(task, tokenizer, sampler, sampler_shardings)

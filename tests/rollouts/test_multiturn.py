@@ -1,0 +1,307 @@
+"""The multi-turn rollout engine on a toy echo task and the tiny from-scratch model.
+
+The environment's observation is a pure function of the turn text (`EchoEnv.observe`),
+so each test rebuilds the expected trajectory from the sampled ids independently.
+"""
+
+import json
+import re
+import time
+
+import gin
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from bench.multiturn import CharTokenizer, EchoEnv, EchoTask, tiny_model
+from evotrainer.rollouts import (BUDGET_STOPS, Generation, MultiTurnRollout, TurnBudget,
+                                 merge, rollout_for)
+from evotrainer.rollouts.schema import episodes_to_table, table_to_episodes
+from evotrainer.sampling import Sampler, SamplingParams
+
+TOK = CharTokenizer()
+SP = SamplingParams(temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def model():
+  return tiny_model(max_positions=128)
+
+
+@pytest.fixture(scope="module")
+def sampler(model):  # shared: every test reuses the compiled programs
+  return Sampler(model, pad_id=TOK.pad_id)
+
+
+def _run(model, sampler, env_factory=None, budget=None, problems=2, group=2, key=0,
+         pad_rows_to=None, sampling=SP):
+  task = EchoTask(env_factory)
+  rollout = MultiTurnRollout(task, TOK, sampler, budget=budget or TurnBudget(
+      max_turns=3, max_context=64, max_tokens_per_turn=8))
+  gen = rollout(nnx.state(model), task.train_problems(problems, seed=0), group,
+                jax.random.key(key), sampling, pad_rows_to=pad_rows_to)
+  return task, rollout, gen
+
+
+def _split_turns(gen: Generation, i: int) -> list:
+  """[(turn ids, observation ids)] of row i, read from its turn spans."""
+  spans = gen.infos[i]["turn_spans"]
+  ends = [s[0] for s in spans[1:]] + [int(gen.lengths[i])]
+  return [(gen.tokens[i, s:e].tolist(), gen.tokens[i, e:nxt].tolist())
+          for (s, e, _), nxt in zip(spans, ends)]
+
+
+def test_token_in_token_out(model, sampler):
+  task, _, gen = _run(model, sampler, budget=TurnBudget(max_turns=4, max_context=64,
+                                                        max_tokens_per_turn=8))
+  n = len(gen.problems)
+  assert gen.loss_mask.shape == gen.tokens.shape == gen.logprobs.shape
+  saw_observation = False
+  for i in range(n):
+    turns = _split_turns(gen, i)
+    assert len(turns) == gen.infos[i]["turns"] >= 1
+    expected_ids, expected_mask, text = [], [], ""
+    for k, (ids, obs) in enumerate(turns):
+      assert 1 <= len(ids) <= 8
+      # A turn ends at its first stop id or at the per-turn cap; never a stop id inside.
+      assert TOK.eos_id not in ids[:-1]
+      turn_text = TOK.decode([t for t in ids if t != TOK.eos_id])
+      last = k == len(turns) - 1
+      # The observation appended is the env's answer to the decoded turn text, wrapped
+      # by format_observation and encoded without BOS; none after the last turn.
+      want_obs = [] if last else TOK.encode(f"<{EchoEnv.observe(turn_text)}>\n")
+      assert obs == want_obs
+      saw_observation |= bool(obs)
+      expected_ids += ids + obs
+      expected_mask += [True] * len(ids) + [False] * len(obs)
+      text += turn_text + ("" if last else f"<{EchoEnv.observe(turn_text)}>\n")
+    n_i = int(gen.lengths[i])
+    assert gen.tokens[i, :n_i].tolist() == expected_ids
+    assert gen.loss_mask[i].tolist() == expected_mask + [False] * (gen.tokens.shape[1] - n_i)
+    assert gen.texts[i] == text
+    # Log-probs: 0 at observations and padding, negative at every sampled id.
+    lp = gen.logprobs[i]
+    assert np.all(lp[~gen.loss_mask[i]] == 0) and np.all(lp[gen.loss_mask[i]] < 0)
+    # Turn spans carry each turn's summed log-probs.
+    for s, e, total in gen.infos[i]["turn_spans"]:
+      assert total == pytest.approx(float(lp[s:e].sum()), abs=1e-4)
+  assert saw_observation  # the check above was not vacuous
+  # Episodes: env info + engine record, the stop consistent with the scores.
+  eps = gen.episodes(task, version="v0", step=1, split="train", group=2)
+  for ep, info in zip(eps, gen.infos):
+    assert ep.info["stop"] == info["stop"] and ep.reward_parts[f"stop_{info['stop']}"] == 1.0
+    assert ep.info["env_stop"] in (None, "submitted")  # EchoEnv.info() reached Episode.info
+
+
+def test_sampler_logprobs_match_a_teacher_forced_forward(model, sampler):
+  _, _, gen = _run(model, sampler, budget=TurnBudget(max_turns=3, max_context=64,
+                                                     max_tokens_per_turn=8), key=5)
+  # Every row's prompt + trajectory, right-padded into one batch: one plain forward.
+  seqs = [gen.prompt_tokens[i, -int(gen.prompt_lengths[i]):].tolist()
+          + gen.tokens[i, :int(gen.lengths[i])].tolist() for i in range(len(gen.problems))]
+  width = max(map(len, seqs))
+  batch = np.array([s + [TOK.pad_id] * (width - len(s)) for s in seqs], np.int32)
+  valid = np.arange(width)[None, :] < np.array([len(s) for s in seqs])[:, None]
+  logits = np.asarray(model.forward_logits(batch, valid), np.float64)  # [B, T, V]
+  logp = logits - logits.max(-1, keepdims=True)
+  logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+  checked = 0
+  for i, seq in enumerate(seqs):
+    p, n = int(gen.prompt_lengths[i]), int(gen.lengths[i])
+    want = np.array([logp[i, p + j - 1, seq[p + j]] for j in range(n)])
+    mask = gen.loss_mask[i, :n]
+    # float32 sampler (prefill + cached decode, re-prefilled each turn) vs a float64
+    # log-softmax of one forward over the whole sequence
+    np.testing.assert_allclose(gen.logprobs[i, :n][mask], want[mask], atol=2e-4)
+    assert np.all(gen.logprobs[i, :n][~mask] == 0)
+    checked += int(mask.sum()) * (len(gen.infos[i]["turn_spans"]) > 1)
+  assert checked > 0  # tokens of later turns (after an observation) were compared
+
+
+class _SubmitAt(EchoEnv):
+  def __init__(self, k):
+    super().__init__(submit_at=k)
+
+  def step(self, text):  # never submits on '!'
+    return super().step(text.replace("!", ""))
+
+
+class _Raising(EchoEnv):
+  def step(self, text):
+    if len(self.texts) == 1:
+      raise RuntimeError("tool crashed")
+    return super().step(text.replace("!", ""))
+
+
+class _Sleeping(EchoEnv):
+  def step(self, text):
+    time.sleep(1.0)
+    return super().step(text)
+
+
+def _stops(gen):
+  return [info["stop"] for info in gen.infos]
+
+
+def test_each_stop_reason_fires_when_planted(model, sampler):
+  base = dict(max_context=64, max_tokens_per_turn=8)
+  # The env's own stop: submitted after exactly 2 turns.
+  _, _, gen = _run(model, sampler, lambda p: _SubmitAt(2), TurnBudget(max_turns=5, **base))
+  assert _stops(gen) == ["submitted"] * 4
+  assert [i["turns"] for i in gen.infos] == [2] * 4 and not gen.truncated.any()
+  # max_turns: the env never submits.
+  _, _, gen = _run(model, sampler, lambda p: _SubmitAt(99), TurnBudget(max_turns=2, **base))
+  assert _stops(gen) == ["max_turns"] * 4 and gen.truncated.all()
+  assert [len(i["turn_spans"]) for i in gen.infos] == [2] * 4
+  # max_context: a context of 30 leaves 22 tokens before a turn; prompts (<= 12 tokens)
+  # fit once, then the first observation or the second turn no longer fits.
+  _, _, gen = _run(model, sampler, lambda p: _SubmitAt(99),
+                   TurnBudget(max_turns=9, max_context=30, max_tokens_per_turn=8))
+  assert _stops(gen) == ["max_context"] * 4
+  assert np.all(gen.prompt_lengths + gen.lengths <= 22)  # the context never exceeds it
+  # max_context before any turn: the prompt itself leaves no room.
+  _, _, gen = _run(model, sampler, lambda p: _SubmitAt(99),
+                   TurnBudget(max_turns=9, max_context=9, max_tokens_per_turn=8))
+  assert _stops(gen) == ["max_context"] * 4 and gen.lengths.tolist() == [0] * 4
+  # max_tokens: at most 8 sampled tokens per turn, 9 per episode -> 2 turns at most.
+  _, _, gen = _run(model, sampler, lambda p: _SubmitAt(99),
+                   TurnBudget(max_turns=9, max_model_tokens=9, **base))
+  assert set(_stops(gen)) == {"max_tokens"}
+  assert all(9 <= i["model_tokens"] <= 16 for i in gen.infos)
+  # tool_error: the env raises on its second turn; contained, the episode stops.
+  _, _, gen = _run(model, sampler, lambda p: _Raising(), TurnBudget(max_turns=5, **base))
+  assert _stops(gen) == ["tool_error"] * 4
+  assert all("tool crashed" in i["error"] for i in gen.infos)
+  assert not gen.truncated.any()  # not a budget stop
+  # env_timeout: a 1 s step under a 0.2 s limit; all rows' steps run at once.
+  t = time.time()
+  _, _, gen = _run(model, sampler, lambda p: _Sleeping(),
+                   TurnBudget(max_turns=5, tool_time_limit_s=0.2, **base))
+  assert _stops(gen) == ["env_timeout"] * 4 and gen.truncated.all()
+  assert time.time() - t < 5.0  # not 4 x 1 s in a row
+
+
+def test_mask_budget_stops_zeroes_the_loss_mask(model, sampler):
+  budget = TurnBudget(max_turns=2, max_context=64, max_tokens_per_turn=8,
+                      mask_budget_stops=True)
+  _, _, gen = _run(model, sampler, lambda p: _SubmitAt(2 if p.id.endswith("0") else 99),
+                   budget)
+  kinds = set(_stops(gen))
+  assert kinds <= {"submitted", "max_turns"}
+  for i, stop in enumerate(_stops(gen)):
+    assert gen.loss_mask[i].any() == (stop not in BUDGET_STOPS)
+
+
+def test_compiled_programs_stay_bounded(model):
+  sampler = Sampler(model, pad_id=TOK.pad_id)  # a fresh one: count its programs only
+  budget = TurnBudget(max_turns=6, max_context=96, max_tokens_per_turn=8)
+  # Rows finish at different turns: row r submits after 1 + r % 4 turns.
+  ends = {}
+
+  def factory(p):
+    ends.setdefault(p.id, 1 + len(ends) % 4)
+    return _SubmitAt(ends[p.id])
+
+  _, rollout, gen = _run(model, sampler, factory, budget, problems=4, group=2,
+                         pad_rows_to=12)
+  assert sorted(set(i["turns"] for i in gen.infos)) == [1, 2, 3, 4]
+  assert len(gen.problems) == 8
+  # One program per context bucket below 96 - 8 = 88 at most: (16, 32, 64, 88); the
+  # batch is always the 12 rows, whichever rows are still running.
+  assert rollout.buckets == (16, 32, 64, 88)
+  assert 2 <= sampler.compiled_programs() <= 4
+  # A second run with other keys adds at most the buckets it had not reached.
+  _run(model, sampler, factory, budget, problems=4, group=2, pad_rows_to=12, key=9)
+  assert sampler.compiled_programs() <= 4
+
+
+def test_merge_and_store_round_trip(model, sampler, tmp_path):
+  task, _, a = _run(model, sampler, lambda p: _SubmitAt(1), key=1)
+  _, _, b = _run(model, sampler, lambda p: _SubmitAt(3), key=2)
+  m = merge([a, b])
+  assert m.tokens.shape[1] == max(a.tokens.shape[1], b.tokens.shape[1])
+  assert m.loss_mask.sum() == a.loss_mask.sum() + b.loss_mask.sum()
+  assert m.infos == a.infos + b.infos
+  for g, rows in ((a, slice(0, 4)), (b, slice(4, 8))):
+    w = g.tokens.shape[1]
+    np.testing.assert_array_equal(m.tokens[rows, :w], g.tokens)
+    np.testing.assert_array_equal(m.loss_mask[rows, :w], g.loss_mask)
+    assert not m.loss_mask[rows, w:].any()
+  eps = m.episodes(task, version="v0", step=3, split="train", group=2)
+  back = table_to_episodes(episodes_to_table(eps))
+  for x, y in zip(eps, back):
+    assert y.info == x.info and y.info["turn_spans"] == x.info["turn_spans"]
+    np.testing.assert_array_equal(y.completion_ids, x.completion_ids)
+    np.testing.assert_array_equal(y.logprobs, x.logprobs)
+    assert y.completion == x.completion and y.truncated == x.truncated
+
+
+def test_rollout_for_picks_the_engine(sampler):
+  from evotrainer.rollouts import Rollout
+  assert isinstance(rollout_for(EchoTask(), TOK, sampler), MultiTurnRollout)
+
+  class Single:
+    pass
+  assert isinstance(rollout_for(Single(), TOK, sampler), Rollout)
+  with pytest.raises(TypeError, match="start_episode"):
+    MultiTurnRollout(type("T", (), {"multi_turn": True})(), TOK, sampler)
+  with pytest.raises(ValueError, match="max_tokens_per_turn"):
+    TurnBudget(max_context=8, max_tokens_per_turn=8)
+
+
+@pytest.mark.slow
+def test_train_two_steps_on_the_toy_task(tmp_path):
+  from evotrainer.learner.step import Learner
+  from evotrainer.train import EvalConfig, train
+  seen = []
+
+  class Task(EchoTask):
+    # Reward: the share of 'a' in the episode's turns (varies within a group).
+    def finish_episodes(self, problems, envs):
+      out = []
+      for env in envs:
+        text = "".join(env.texts)
+        out.append({"correct": text.count("a") / max(1, len(text)), "format": 0.0})
+      return out
+
+  class Spy(Learner):
+    def step(self, state, batch, hp):
+      seen.append(batch)
+      return super().step(state, batch, hp)
+
+  task = Task(lambda p: _SubmitAt(2))
+  model = tiny_model(max_positions=128)
+  # The budget as a run configures it: gin binds the engine's constructor.
+  gin.bind_parameter("MultiTurnRollout.budget",
+                     TurnBudget(max_turns=3, max_context=64, max_tokens_per_turn=8))
+  try:
+    out = train(str(tmp_path), task, model, TOK, seed=1, steps=2, prompts_per_step=2,
+                group_size=2, eval_every=100, checkpoint_every=100, progress=False,
+                store_rollouts=False,
+                eval_config=EvalConfig(num_problems=2, k=2, batch_rows=4, max_new_tokens=8),
+                learner_factory=lambda m, mesh, **kw: Spy(m, mesh, learning_rate=1e-3, **kw))
+  finally:
+    gin.clear_config()
+  assert out["steps"] == 2 and len(seen) == 2
+  for batch in seen:
+    mask = np.asarray(batch.loss_mask)
+    tokens = np.asarray(batch.completion_tokens)
+    lengths = np.asarray(batch.completion_lengths)
+    assert not mask[np.arange(mask.shape[1])[None, :] >= lengths[:, None]].any()
+    for i in range(len(tokens)):
+      # Two turns, so exactly one masked-out run inside the trajectory: the observation
+      # between them, as format_observation wrote it; everything else is trained.
+      m = mask[i, :lengths[i]]
+      runs = np.flatnonzero(np.diff(np.concatenate([[1], m.astype(int), [1]])))
+      assert len(runs) == 2, m
+      observation = TOK.decode(tokens[i, runs[0]:runs[1]].tolist())
+      assert re.fullmatch(r"<\d+:.{0,4}>\n", observation, re.S), observation
+      assert m[:runs[0]].all() and m[runs[1]:].all() and runs[0] >= 1
+  assert all(np.isfinite(h["learner/loss"]) for h in _metrics(tmp_path))
+  assert np.isfinite(out["final"]["avg2"])
+
+
+def _metrics(workdir):
+  with open(workdir / "metrics.jsonl") as f:
+    return [r for r in map(json.loads, f) if "learner/loss" in r]
