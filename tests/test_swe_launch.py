@@ -50,20 +50,17 @@ def test_launch_swe_train_end_to_end_on_the_toy_library(tmp_path):
   """2 RL steps through the launcher on the toy library: validation and test figures in
   summary.json, and stored rollouts whose episodes carry tool calls."""
   from evotrainer.rollouts.store import RolloutStore
-  from tests.tasks.swe.conftest import TOY, write_toy
+  from tests.tasks.swe.conftest import write_toy, write_toy_manifest
   tree = write_toy(tmp_path / "toylib-0.1.0")
-  manifest = tmp_path / "manifest.json"
-  manifest.write_text(json.dumps({"sources": [{
-      "name": TOY.name, "version": TOY.version, "sdist": TOY.sdist, "sha256": TOY.sha256,
-      "package": list(TOY.package), "tests": list(TOY.tests)}]}))
+  manifest = write_toy_manifest(tmp_path / "manifest.json")
   workdir = tmp_path / "run"
   bindings = [
       "SweDomain.sources = ['toylib']", f"SweDomain.manifest = '{manifest}'",
       f"SweDomain.trees = {{'toylib': '{tree}'}}", "SweDomain.max_tasks = 8",
       "SweDomain.max_candidates = 16", "SweDomain.fractions = (0.5, 0.25, 0.25)",
       f"SweDomain.cache_dir = '{tmp_path}/swe'",
-      "TurnBudget.max_turns = 3", "TurnBudget.max_tokens_per_turn = 24",
-      "TurnBudget.max_context = 512", "ModelConfig.max_position_embeddings = 512",
+      "TurnBudget.max_turns = 2", "TurnBudget.max_tokens_per_turn = 24",
+      "TurnBudget.max_context = 384", "ModelConfig.max_position_embeddings = 384",
       f"make_tokenizer.cache_dir = '{tmp_path}/tok'",
       f"warm_start.cache_dir = '{tmp_path}/ws'", "warm_start.batch_size = 4"]
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")

@@ -3,25 +3,19 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from evotrainer.tasks.swe import task as task_lib
 from evotrainer.tasks.swe import tools
 
-from tests.tasks.swe.conftest import TOY
+from tests.tasks.swe.conftest import write_toy_manifest
 
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
   """(manifest naming the toy library, cache folder)."""
   tmp = tmp_path_factory.mktemp("swe-domain")
-  manifest = tmp / "manifest.json"
-  manifest.write_text(json.dumps({"sources": [{
-      "name": TOY.name, "version": TOY.version, "sdist": TOY.sdist, "sha256": TOY.sha256,
-      "package": list(TOY.package), "tests": list(TOY.tests)}]}))
-  return str(manifest), str(tmp / "cache")
+  return write_toy_manifest(tmp / "manifest.json"), str(tmp / "cache")
 
 
 @pytest.fixture(scope="module")
