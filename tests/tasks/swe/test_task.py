@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from evotrainer.tasks.base import MultiTurnTask
 from evotrainer.tasks.swe import task as task_lib
 from evotrainer.tasks.swe import tools
 
@@ -42,6 +43,10 @@ def test_splits_are_disjoint_by_function_and_cover_every_task(domain):
   assert domain.heldout_problems(1, "test") == domain.splits["test"][:1]
   with pytest.raises(ValueError, match="'validation' or 'test'"):
     domain.heldout_problems(1, "train")
+
+
+def test_the_domain_is_a_multi_turn_task(domain):
+  assert isinstance(domain, MultiTurnTask) and domain.multi_turn is True
 
 
 def test_prompt_and_observation_format(domain):
