@@ -34,6 +34,7 @@ from evotrainer.learner.warmstart import _completion_row, warm_start  # noqa: E4
 from evotrainer.model.source import policy  # noqa: E402
 from evotrainer.rollouts.multiturn import MultiTurnRollout  # noqa: E402
 from evotrainer.sampling import Sampler, SamplingParams  # noqa: E402
+from evotrainer.sharding.mesh import make_mesh  # noqa: E402
 from evotrainer.sharding.rules import LEARNER_RULES  # noqa: E402
 from evotrainer.tasks.swe.task import SweDomain  # noqa: E402
 
@@ -85,7 +86,9 @@ def main() -> None:
   texts = [task.format_prompt(p) + " " + p.solution
            for p in task.train_problems(config_lib.gin.query_parameter("run.tokenizer_texts"),
                                         0)]
-  model, tok = policy(texts, None, LEARNER_RULES)
+  mesh = make_mesh()  # as `run` builds the policy: its warm-start cache entry is reused
+  jax.set_mesh(mesh)
+  model, tok = policy(texts, mesh, LEARNER_RULES)
   every = [p for ps in task.splits.values() for p in ps]
   lengths = [len(tok.encode(task.format_prompt(p), add_bos=True)) +
              len(_completion_row(tok, task.solution_segments(p))[0]) for p in every]
@@ -99,7 +102,7 @@ def main() -> None:
   print(json.dumps(result), flush=True)
   steps = config_lib.gin.query_parameter("warm_start.steps")
   start = time.monotonic()
-  model = warm_start(model, tok, task, seed=args.seed)
+  model = warm_start(model, tok, task, seed=args.seed, mesh=mesh)
   result["warm_start"] = {"steps": steps, "seconds": round(time.monotonic() - start, 1)}
   print(json.dumps(result["warm_start"]), flush=True)
   for split in ("validation", "test"):
