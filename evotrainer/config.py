@@ -55,6 +55,7 @@ def register_builtins() -> None:
   import evotrainer.sharding.mesh  # noqa: F401
   import evotrainer.tasks.code  # noqa: F401
   import evotrainer.tasks.math  # noqa: F401
+  import evotrainer.tasks.swe.task  # noqa: F401
   import evotrainer.tokenizers  # noqa: F401
   import evotrainer.train  # noqa: F401
   import evotrainer.learner.step  # noqa: F401

@@ -10,7 +10,11 @@ the RL phase a measurable gap to close on the held-out split.
 Each example is laid out exactly as the sampler and the learner see a rollout: the
 prompt `bos + encode(format_prompt(p))`, left-padded, then the completion
 `encode(p.solution) + eos`, right-padded; log-probs come from the learner's
-`completion_logprobs` (same RoPE positions, same vocabulary limit as the sampler).
+`completion_logprobs` (same RoPE positions, same vocabulary limit as the sampler). A
+multi-turn task (`task.solution_segments(p)`, e.g. SWE's oracle episodes) gives the
+completion as segments: each model turn `encode(turn) + eos`, each observation
+`encode(observation)` between them, as the multi-turn engine lays an episode out; the
+observations are masked out of the loss.
 
 The result is cached under `cache_dir`, keyed by a hash of everything it depends on: the
 model config and its initial parameters, the tokenizer, every training token, and the
@@ -59,14 +63,35 @@ _DEFAULT_CACHE_DIR = "~/.cache/evotrainer/warmstart"
 # ------------------------------------------------------------------ data
 
 
+Segments = Sequence[tuple[str, bool]]
+
+
+def _completion_row(tokenizer: Tokenizer, solution: str | Segments) -> tuple[list, list]:
+  """(ids, trained) of one solution: a text (+ eos, all trained), or (text, trained)
+  segments, each encoded on its own as the multi-turn engine does, a trained segment (a
+  model turn) followed by eos, an untrained one (an observation) masked."""
+  if isinstance(solution, str):
+    solution = [(solution, True)]
+  ids, trained = [], []
+  for text, is_model in solution:
+    seg = tokenizer.encode(text) + ([tokenizer.eos_id] if is_model else [])
+    ids += seg
+    trained += [bool(is_model)] * len(seg)
+  return ids, trained
+
+
 def solution_batch(tokenizer: Tokenizer, prompts: Sequence[str],
-                   solutions: Sequence[str]) -> TrainBatch:
+                   solutions: Sequence[str | Segments]) -> TrainBatch:
   """Prompt/solution pairs in the rollout layout, padded to the longest of each.
+
+  A solution is a text, or a multi-turn episode as (text, trained) segments (see
+  `_completion_row`: model turns each end with eos; observations are masked).
 
   Returns:
     A `TrainBatch` with prompt_tokens [B, P] (bos + prompt, left-padded),
     completion_tokens [B, N] (solution + eos, right-padded), completion_lengths [B],
-    loss_mask [B, N] (the completion tokens); advantages and old_logprobs are zeros.
+    loss_mask [B, N] (the trained completion tokens); advantages and old_logprobs are
+    zeros.
   """
   if len(prompts) != len(solutions):
     raise ValueError(f"{len(prompts)} prompts but {len(solutions)} solutions")
@@ -74,7 +99,8 @@ def solution_batch(tokenizer: Tokenizer, prompts: Sequence[str],
     rows_p = [tokenizer.encode(t) for t in prompts]
   else:
     rows_p = [[tokenizer.bos_id] + tokenizer.encode(t) for t in prompts]
-  rows_c = [tokenizer.encode(s) + [tokenizer.eos_id] for s in solutions]
+  rows = [_completion_row(tokenizer, s) for s in solutions]
+  rows_c = [ids for ids, _ in rows]
   b = len(rows_p)
   p = max(len(r) for r in rows_p)
   n = max(len(r) for r in rows_c)
@@ -86,7 +112,9 @@ def solution_batch(tokenizer: Tokenizer, prompts: Sequence[str],
     prompt[i, p - len(rp):] = rp
     completion[i, :len(rc)] = rc
   lengths_c = np.asarray([len(r) for r in rows_c], np.int32)
-  mask = np.arange(n)[None, :] < lengths_c[:, None]
+  mask = np.zeros((b, n), bool)
+  for i, (_, trained) in enumerate(rows):
+    mask[i, :len(trained)] = trained
   return TrainBatch(prompt_tokens=prompt,
                     prompt_lengths=np.asarray([len(r) for r in rows_p], np.int32),
                     completion_tokens=completion, loss_mask=mask,
@@ -252,9 +280,14 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
   if batch_size <= 0 or learning_rate <= 0:
     raise ValueError(f"warm_start: batch_size={batch_size} and learning_rate="
                      f"{learning_rate} must be positive")
+  if target_accuracy is not None and getattr(task, "multi_turn", False):
+    raise ValueError("warm_start.target_accuracy needs single-turn sampling; a multi-turn "
+                     "task warm-starts for warm_start.steps (set target_accuracy = None)")
   problems: list[Problem] = task.train_problems(min(steps * batch_size, max_problems), seed)
+  # A multi-turn task gives its episodes as segments: observations are masked.
+  segments = getattr(task, "solution_segments", None)
   data = solution_batch(tokenizer, [task.format_prompt(p) for p in problems],
-                        [p.solution for p in problems])
+                        [segments(p) if segments else p.solution for p in problems])
   vocab_limit = tokenizer.vocab_size
   if vocab_limit > model.config.vocab_size:
     raise ValueError(f"tokenizer has {vocab_limit} ids but the model's vocab_size is "
@@ -262,6 +295,8 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
   settings = {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate,
               "seed": seed, "vocab_limit": vocab_limit, "target_accuracy": target_accuracy,
               "check_every": check_every, "check_problems": check_problems}
+  if segments:  # the loss mask is not all completion tokens: part of the key
+    settings["mask_sha256"] = hashlib.sha256(np.packbits(data.loss_mask).tobytes()).hexdigest()
   key = cache_key(model, tokenizer, task, data, settings)
   path = os.path.join(os.path.expanduser(cache_dir), f"warmstart-{key[:32]}")
   # Every process restores, or every process trains: one host missing the entry (a

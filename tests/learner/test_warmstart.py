@@ -74,6 +74,21 @@ def test_solution_batch_layout(tok):
                                       [True] * n]
 
 
+def test_solution_batch_segments_mask_observations(tok):
+  # A multi-turn episode: model turns end with eos and are trained; observations not.
+  segments = [("<answer>", True), ("12", False), ("</answer>", True)]
+  batch = warmstart.solution_batch(tok, ["1+2=", "3+4="], [segments, "<answer>7</answer>"])
+  a, o, b = tok.encode("<answer>"), tok.encode("12"), tok.encode("</answer>")
+  row0 = a + [tok.eos_id] + o + b + [tok.eos_id]
+  row1 = tok.encode("<answer>7</answer>") + [tok.eos_id]
+  n = max(len(row0), len(row1))
+  assert batch.completion_tokens[0].tolist() == row0 + [tok.pad_id] * (n - len(row0))
+  assert batch.completion_lengths.tolist() == [len(row0), len(row1)]
+  assert batch.loss_mask[0].tolist() == ([True] * (len(a) + 1) + [False] * len(o) +
+                                         [True] * (len(b) + 1) + [False] * (n - len(row0)))
+  assert batch.loss_mask[1].tolist() == [True] * len(row1) + [False] * (n - len(row1))
+
+
 def test_supervised_loss_is_token_mean_nll():
   logp = jnp.log(jnp.array([[0.5, 0.25, 0.9], [0.125, 1.0, 1.0]]))
   mask = jnp.array([[True, True, False], [True, False, False]])

@@ -168,9 +168,14 @@ class Grade:
 
 def grade_many(tasks: Sequence[SweTask], trees: Sequence[os.PathLike | str],
                episode_dirs: Sequence[os.PathLike | str], suite: runner_lib.SuiteRunner,
-               test_dirs: Sequence[Sequence[str]], timeout_s: float | None = None
-               ) -> list[Grade]:
-  """Grades episodes (in parallel on the suite runner's cells); see `grade`."""
+               test_dirs: Sequence[Sequence[str]], timeout_s: float | None = None,
+               skip_unchanged: bool = False) -> list[Grade]:
+  """Grades episodes (in parallel on the suite runner's cells); see `grade`.
+
+  With `skip_unchanged`, an episode that changed no non-test file is not run: it is the
+  task's repository as given, where by construction every FAIL_TO_PASS test fails and
+  every PASS_TO_PASS test passes (status "unchanged").
+  """
   jobs, changed, tampered = [], [], []
   for task, tree, episode, dirs in zip(tasks, trees, episode_dirs, test_dirs):
     base = mutant_files(tree, task)
@@ -184,9 +189,14 @@ def grade_many(tasks: Sequence[SweTask], trees: Sequence[os.PathLike | str],
     jobs.append((fresh, [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]))
     changed.append(tuple(changes))
     tampered.append(reaches_for_harness(base, changes))
+  run = [i for i, files in enumerate(changed) if files or not skip_unchanged]
+  results = dict(zip(run, suite.run_many([jobs[i] for i in run], timeout_s)))
   grades = []
-  for task, result, files, forged in zip(tasks, suite.run_many(jobs, timeout_s), changed,
-                                         tampered):
+  for i, (task, files, forged) in enumerate(zip(tasks, changed, tampered)):
+    if i not in results:
+      grades.append(Grade(False, 0, len(task.PASS_TO_PASS), 0.0, (), "unchanged", False))
+      continue
+    result = results[i]
     passed = result.passed()
     f2p = sum(t in passed for t in task.FAIL_TO_PASS)
     p2p = sum(t in passed for t in task.PASS_TO_PASS)

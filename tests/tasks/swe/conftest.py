@@ -3,6 +3,7 @@ runner on sandbox cells shared by the session, and the toy library's synthesized
 
 from __future__ import annotations
 
+import json
 import pathlib
 import textwrap
 
@@ -94,6 +95,14 @@ def write_toy(root: pathlib.Path) -> pathlib.Path:
   (root / "tests" / "test_toylib.py").write_text(TOY_TESTS)
   (root / "pyproject.toml").write_text('[project]\nname = "toylib"\nversion = "0.1.0"\n')
   return root
+
+
+def write_toy_manifest(path: pathlib.Path) -> str:
+  """A sources manifest naming only the toy library (its tree is given, never fetched)."""
+  path.write_text(json.dumps({"sources": [{
+      "name": TOY.name, "version": TOY.version, "sdist": TOY.sdist, "sha256": TOY.sha256,
+      "package": list(TOY.package), "tests": list(TOY.tests)}]}))
+  return str(path)
 
 
 @pytest.fixture(scope="session")

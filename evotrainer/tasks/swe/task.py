@@ -1,0 +1,453 @@
+"""`SweDomain`: the SWE domain as a multi-turn task of the RL loop.
+
+Task set: built once from the pinned libraries (`sources.fetch`, `synth.synthesize`),
+every task's oracle episode run through the real tools and graded (a task the oracle does
+not resolve is dropped and counted), split train / validation / test by
+`splits.assign_splits`; synthesis and oracle transcripts are cached under `cache_dir`
+(`build_task_set`: changing a tool knob replays the oracle, not the synthesis).
+
+Chat format for from-scratch tokenizers (the layout of
+`SentencePieceTokenizer.apply_chat_template`, plus a `Tool` role for observations):
+
+    System: <SYSTEM: the tool syntax, one line per tool>
+    User: <the issue text>
+    Assistant:<model turn 1, ended by eos>
+    Tool: <observation 1>
+    Assistant:<model turn 2, ended by eos>
+    ...
+
+`format_prompt` is the first three lines; `format_observation(obs)` is the text between
+a model turn's eos and the next model turn ("\\nTool: <obs>\\nAssistant:"). Hugging Face
+checkpoints: not wired; the task never sees the tokenizer, so its own chat template is
+not applied (the plain template above is used for every tokenizer).
+
+Warm start: `Problem.solution` is the oracle's episode as text (each model turn followed
+by `format_observation` of its real observation; the submit turn last), and
+`solution_segments` gives the same episode as (text, trained) segments so that the warm
+start trains on the model turns (each ended by eos, as the multi-turn engine samples
+them) and masks the observations out of the loss (learner/warmstart.py).
+
+Reward parts (`finish_episodes`): `episode.reward_parts` (correct = resolved, partial =
+F2P fraction, tamper, tool_validity, tested_before_submit) plus `format` (at least one
+turn's call parsed and ran) and `submitted`. `score_many` replays a transcript's model
+turns (the text between observation blocks) in a fresh episode and grades it: what the
+single-turn consumers (evaluation pipeline check, exploit probe) read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import random
+import re
+import shutil
+import tempfile
+import time
+from typing import Mapping, Optional, Sequence
+
+import gin
+
+from evotrainer.tasks.base import Problem, normalize_prompt
+from evotrainer.tasks.swe import agents, mutate, records, repo as repo_lib, runner as runner_lib
+from evotrainer.tasks.swe import sources as sources_lib
+from evotrainer.tasks.swe import splits as splits_lib
+from evotrainer.tasks.swe import synth as synth_lib
+from evotrainer.tasks.swe import tools as tools_lib
+from evotrainer.tasks.swe.episode import Budget, SweEpisode, reward_parts
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # bumped when the cached task set's content changes meaning
+DIFFICULTY_LEVEL = {"easy": 1, "medium": 2, "hard": 3}
+SYSTEM = ("Fix the bug. Each turn: one call as a ```tool block holding "
+          '{"tool": NAME, "args": {...}}. Tools: list_dir(path), read_file(path, start, '
+          "end), grep(pattern, path), search_replace(path, search, replace), "
+          "run_tests(tests), submit().")
+OBSERVATION = "\nTool: {observation}\nAssistant:"
+_OBSERVATION_BLOCK = re.compile(r"\nTool: .*?\nAssistant:", re.S)
+PART_KEYS = ("correct", "partial", "tamper", "tool_validity", "tested_before_submit",
+             "format", "submitted")
+
+gin.external_configurable(tools_lib.ToolConfig, module="tasks.swe")
+gin.external_configurable(Budget, module="tasks.swe")
+
+
+def format_observation(observation: str) -> str:
+  """The text appended after a model turn (see the module docstring)."""
+  return OBSERVATION.format(observation=observation)
+
+
+def split_turns(transcript: str) -> list[str]:
+  """The model turns of a transcript: the text between observation blocks (a text with
+  no block is one turn). The observations written in the text are not read."""
+  return _OBSERVATION_BLOCK.split(transcript)
+
+
+@dataclasses.dataclass
+class TaskSet:
+  """A built task set.
+
+  Attributes:
+    tasks: the tasks (split set), oracle-verified.
+    trees: {task.repo: its pristine source tree}.
+    test_dirs: {task.repo: its test folders}.
+    transcripts: {instance_id: [[model turn, observation], ...]}: the oracle's episode.
+    stats: per library: synthesis counts, build seconds, oracle rate.
+  """
+  tasks: list
+  trees: dict
+  test_dirs: dict
+  transcripts: dict
+  stats: dict
+
+
+def _tree_digest(tree: pathlib.Path) -> str:
+  h = hashlib.sha256()
+  for path, text in sorted(runner_lib.repo_files(tree).items()):
+    if path != repo_lib.MARKER:
+      h.update(path.encode() + b"\0" + text.encode() + b"\0")
+  return h.hexdigest()
+
+
+def oracle_transcript(task: records.SweTask, tree: pathlib.Path, test_dirs: Sequence[str],
+                      suite: runner_lib.SuiteRunner, tool_config: tools_lib.ToolConfig,
+                      budget: Budget, dest: pathlib.Path, context: int
+                      ) -> tuple[list, repo_lib.Grade]:
+  """The oracle's turns run through a real episode on a fresh checkout at `dest`, and the
+  grade of that checkout: ([[turn, observation], ...], grade)."""
+  repo_lib.checkout(tree, task, dest)
+  episode = SweEpisode(tools_lib.Workspace(dest, suite, test_dirs, tool_config), budget)
+  turns = []
+  for text in agents.oracle_turns(task, context):
+    turn = " " + text  # the prompt ends with "Assistant:"; the turn brings its space
+    turns.append([turn, episode.step(turn)])
+    if episode.done:
+      break
+  return turns, repo_lib.grade(task, tree, dest, suite, test_dirs)
+
+
+def _key(obj) -> str:
+  return hashlib.sha256(json.dumps(obj, sort_keys=True, default=list).encode()).hexdigest()[:24]
+
+
+def _cached(path: pathlib.Path, make) -> dict:
+  """The JSON at `path`, or `make()` written there first (atomically)."""
+  if path.is_file():
+    return json.loads(path.read_text())
+  data = make()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(f".{os.getpid()}.tmp")
+  tmp.write_text(json.dumps(data))
+  os.replace(tmp, path)
+  return data
+
+
+def build_task_set(names: Sequence[str], config: synth_lib.SynthConfig,
+                   suite: runner_lib.SuiteRunner, *, cache_dir: str,
+                   manifest: Optional[str] = None, trees: Optional[Mapping[str, str]] = None,
+                   tool_config: tools_lib.ToolConfig = tools_lib.ToolConfig(),
+                   budget: Budget = Budget(), oracle_context: int = 2,
+                   fractions: Sequence[float] = (0.8, 0.1, 0.1), group_by: str = "function",
+                   split_seed: int = 0) -> TaskSet:
+  """Builds the task set of the named sources, through two caches in `cache_dir/tasks/`:
+  each source's synthesized tasks (`synth-<key>.json`, keyed by its pin, or a local
+  tree's content, and the synthesis knobs) and their oracle transcripts
+  (`oracle-<key>.json`, keyed further by the tool knobs, budgets and `oracle_context`).
+
+  Args:
+    names: source names of the manifest.
+    config: synthesis knobs (per source).
+    suite: runs suites in the sandbox.
+    cache_dir: fetched sources and built task sets live here.
+    manifest: the sources manifest (default third_party/swe_sources.json).
+    trees: {name: a local directory} used instead of fetching that source.
+    tool_config, budget: the episode's tools and budgets (the oracle's observations).
+    oracle_context: lines around the bug the oracle reads on each side.
+    fractions, group_by, split_seed: see `splits.assign_splits`.
+  """
+  cache = pathlib.Path(os.path.expanduser(cache_dir))
+  all_sources = {s.name: s for s in sources_lib.load_manifest(manifest or sources_lib.MANIFEST)}
+  missing = [n for n in names if n not in all_sources]
+  if missing or not names:
+    raise ValueError(f"SweDomain.sources={list(names)}: {missing or 'none'} not in the "
+                     f"manifest {manifest or sources_lib.MANIFEST} (it has "
+                     f"{sorted(all_sources)})")
+  trees = dict(trees or {})
+  picked = [all_sources[n] for n in names]
+  fetched = {s.repo: (pathlib.Path(trees[s.name]) if s.name in trees
+                      else sources_lib.fetch(s, cache)) for s in picked}
+  tasks, transcripts, stats = [], {}, {}
+  with tempfile.TemporaryDirectory(prefix="swe-build-") as work:
+    for source in picked:
+      tree = fetched[source.repo]
+      pin = dataclasses.asdict(source) | ({"tree": _tree_digest(tree)}
+                                          if source.name in trees else {})
+      synth_key = _key({"format": FORMAT, "pin": pin, "synth": dataclasses.asdict(config)})
+
+      def synthesize(source=source, tree=tree) -> dict:
+        built, synth_stats = synth_lib.synthesize(source, tree, suite, config)
+        built = [synth_lib.with_base(t, tree, pathlib.Path(work) / "base") for t in built]
+        return {"tasks": [t.to_row() for t in built],
+                "stats": dataclasses.asdict(synth_stats)}
+
+      path = cache / "tasks" / f"synth-{synth_key}.json"
+      synthesized = _cached(path, synthesize)
+      built = [records.from_row(row, f"{path}:{i}")
+               for i, row in enumerate(synthesized["tasks"])]
+
+      def oracle(source=source, tree=tree, built=built) -> dict:
+        start, out = time.monotonic(), {}
+        for task in built:
+          dest = pathlib.Path(work) / task.instance_id
+          turns, grade = oracle_transcript(task, tree, source.tests, suite, tool_config,
+                                           budget, dest, oracle_context)
+          shutil.rmtree(dest, ignore_errors=True)
+          out[task.instance_id] = turns if grade.resolved else None
+        return {"transcripts": out, "oracle_s": round(time.monotonic() - start, 2)}
+
+      oracle_key = _key({"synth": synth_key, "tools": dataclasses.asdict(tool_config),
+                         "budget": dataclasses.asdict(budget), "context": oracle_context})
+      played = _cached(cache / "tasks" / f"oracle-{oracle_key}.json", oracle)
+      kept = [t for t in built if played["transcripts"].get(t.instance_id)]
+      transcripts.update({t.instance_id: played["transcripts"][t.instance_id] for t in kept})
+      tasks += kept
+      stats[source.repo] = {**synthesized["stats"], "oracle_s": played["oracle_s"],
+                            "oracle_rate": len(kept) / max(len(built), 1), "kept": len(kept)}
+  tasks = splits_lib.assign_splits(tasks, fractions, group_by, split_seed)
+  return TaskSet(tasks, {repo: str(tree) for repo, tree in fetched.items()},
+                 {s.repo: tuple(s.tests) for s in picked}, transcripts, stats)
+
+
+@gin.configurable(module="tasks")
+class SweDomain:
+  """Repository bug-fixing episodes (see the module docstring).
+
+  Args:
+    sources: manifest names of the libraries to build tasks from.
+    max_tasks, max_candidates, max_f2p, kinds, synth_seed: synthesis knobs per library
+      (`synth.SynthConfig`: tasks kept, mutants tried, most FAIL_TO_PASS tests, mutation
+      kinds, site order seed).
+    difficulties: the task difficulties kept ("easy": one-token bug, the issue names the
+      file; "medium": one-token bug; "hard": structural). Only one-token kinds are
+      synthesized when "hard" is not asked for.
+    fractions: train / validation / test shares (`splits.assign_splits`).
+    group_by: what the splits keep apart: "function" or "repo".
+    split_seed: the split's hash seed.
+    cache_dir: fetched sources and built task sets (`~` expanded).
+    manifest: the sources manifest (None: third_party/swe_sources.json).
+    trees: {source name: local directory} used instead of fetching it (offline, or a
+      user's own checkout of the pinned version).
+    tool_config: the tools' knobs (`@ToolConfig()`; None: `ToolConfig()` with
+      `max_output_chars`): output cap, read lines, grep matches, test time limit.
+    max_output_chars: observation cap when `tool_config` is None (tiny contexts).
+    budget: the episode's budgets (`@Budget()`: max_turns, max_errors, echo_k).
+    checkout_options: extra keyword arguments of `repo.checkout` for every episode's
+      repository (a hook for checkout variants, e.g. one keeping history).
+    oracle_context: lines around the bug the oracle's read shows on each side (the
+      warm-start transcripts; fewer lines, shorter episodes).
+    workers: sandbox cells running suites (None: up to 2).
+    suite: a `SuiteRunner` to use (tests share one; None: the task makes its own).
+  """
+
+  multi_turn = True
+
+  def __init__(self, sources: Sequence[str] = ("xmltodict", "parse", "tinydb"),
+               max_tasks: int = 20, max_candidates: int = 60, max_f2p: int = 10,
+               kinds: Sequence[str] = mutate.KINDS, synth_seed: int = 0,
+               difficulties: Sequence[str] = ("easy", "medium", "hard"),
+               fractions: Sequence[float] = (0.8, 0.1, 0.1), group_by: str = "function",
+               split_seed: int = 0, cache_dir: str = "~/.cache/evotrainer/swe",
+               manifest: Optional[str] = None, trees: Optional[Mapping[str, str]] = None,
+               tool_config: Optional[tools_lib.ToolConfig] = None,
+               max_output_chars: int = 600, budget: Optional[Budget] = None,
+               checkout_options: Optional[Mapping] = None, oracle_context: int = 2,
+               workers: Optional[int] = None,
+               suite: Optional[runner_lib.SuiteRunner] = None):
+    bad = [d for d in difficulties if d not in DIFFICULTY_LEVEL]
+    if bad or not difficulties:
+      raise ValueError(f"SweDomain.difficulties={list(difficulties)}: expected a non-empty "
+                       f"subset of {tuple(DIFFICULTY_LEVEL)}")
+    bad = [k for k in kinds if k not in mutate.KINDS]
+    if bad or not kinds:
+      raise ValueError(f"SweDomain.kinds={list(kinds)}: expected a subset of {mutate.KINDS}")
+    if "hard" not in difficulties:
+      kinds = [k for k in kinds if k in mutate.ONE_TOKEN]
+    if min(max_tasks, max_candidates, max_f2p, max_output_chars) < 1:
+      raise ValueError("SweDomain: max_tasks, max_candidates, max_f2p and "
+                       "max_output_chars must be positive")
+    self.tool_config = tool_config or tools_lib.ToolConfig(max_output_chars=max_output_chars)
+    self.budget = budget or Budget()
+    self.checkout_options = dict(checkout_options or {})
+    self.difficulties = tuple(difficulties)
+    self._own_suite = suite is None
+    self.suite = suite or runner_lib.SuiteRunner(workers=workers)
+    config = synth_lib.SynthConfig(max_tasks=max_tasks, max_candidates=max_candidates,
+                                   max_f2p=max_f2p, kinds=tuple(kinds), seed=synth_seed)
+    start = time.monotonic()
+    self.task_set = build_task_set(
+        list(sources), config, self.suite, cache_dir=cache_dir, manifest=manifest,
+        trees=trees, tool_config=self.tool_config, budget=self.budget,
+        oracle_context=oracle_context, fractions=fractions, group_by=group_by,
+        split_seed=split_seed)
+    self.build_s = time.monotonic() - start
+    self.records = {t.instance_id: t for t in self.task_set.tasks
+                    if t.difficulty in self.difficulties}
+    self.splits = {s: [self._problem(t) for t in self.records.values() if t.split == s]
+                   for s in splits_lib.SPLITS}
+    # Two mutants can fail the same tests with the same messages: one issue text. A
+    # held-out task whose text is already in an earlier split is dropped (logged).
+    seen = {normalize_prompt(p.prompt) for p in self.splits["train"]}
+    self.duplicates = 0
+    for split in ("validation", "test"):
+      kept = [p for p in self.splits[split] if normalize_prompt(p.prompt) not in seen]
+      self.duplicates += len(self.splits[split]) - len(kept)
+      seen |= {normalize_prompt(p.prompt) for p in kept}
+      self.splits[split] = kept
+    if self.duplicates:
+      log.info("SweDomain: dropped %d held-out task(s) whose issue text is in an earlier "
+               "split", self.duplicates)
+    empty = [s for s, ps in self.splits.items() if not ps]
+    if empty:
+      raise ValueError(f"SweDomain: no {'/'.join(empty)} tasks among {len(self.records)} "
+                       f"built tasks of difficulty {list(self.difficulties)}; raise "
+                       f"SweDomain.max_tasks, add sources or difficulties")
+    self._work = pathlib.Path(tempfile.mkdtemp(prefix="swe-episodes-"))
+
+  # ------------------------------------------------------------------ problems
+
+  def _problem(self, task: records.SweTask) -> Problem:
+    turns = self.task_set.transcripts[task.instance_id]
+    solution = "".join(turn + (format_observation(obs) if i + 1 < len(turns) else "")
+                       for i, (turn, obs) in enumerate(turns))
+    return Problem(task.instance_id, task.problem_statement, "resolved", solution,
+                   task.repo, DIFFICULTY_LEVEL[task.difficulty],
+                   {"split": task.split, "difficulty": task.difficulty})
+
+  def train_problems(self, n: int, seed: int) -> list[Problem]:
+    """`n` training tasks drawn with replacement by `seed` (deterministic)."""
+    rng = random.Random(seed)
+    return [rng.choice(self.splits["train"]) for _ in range(n)]
+
+  def heldout_problems(self, n: Optional[int] = None,
+                       split: str = "validation") -> list[Problem]:
+    """The first `n` tasks of 'validation' or 'test'; SWE splits are small, so asking
+    for more than a split holds gives the whole split (logged)."""
+    if split not in ("validation", "test"):
+      raise ValueError(f"held-out split must be 'validation' or 'test', got {split!r}")
+    held = self.splits[split]
+    if n is not None and n > len(held):
+      log.info("SweDomain: %d %s tasks asked for, the split has %d", n, split, len(held))
+    return list(held if n is None else held[:n])
+
+  def format_prompt(self, problem: Problem) -> str:
+    return f"System: {SYSTEM}\nUser: {problem.prompt}\nAssistant:"
+
+  def format_observation(self, observation: str) -> str:
+    return format_observation(observation)
+
+  def solution_segments(self, problem: Problem) -> list[tuple[str, bool]]:
+    """The oracle episode as (text, trained) segments: model turns (trained; the warm
+    start ends each with eos) and observations (masked)."""
+    turns = self.task_set.transcripts[problem.id]
+    out = []
+    for i, (turn, obs) in enumerate(turns):
+      out.append((turn, True))
+      if i + 1 < len(turns):
+        out.append((format_observation(obs), False))
+    return out
+
+  # ------------------------------------------------------------------ episodes
+
+  def start_episode(self, problem: Problem) -> SweEpisode:
+    """A fresh checkout of the task's repository and an episode on it."""
+    task = self.records[problem.id]
+    dest = pathlib.Path(tempfile.mkdtemp(prefix="ep-", dir=self._work)) / "repo"
+    repo_lib.checkout(self.task_set.trees[task.repo], task, dest, **self.checkout_options)
+    workspace = tools_lib.Workspace(dest, self.suite, self.task_set.test_dirs[task.repo],
+                                    self.tool_config)
+    return SweEpisode(workspace, self.budget)
+
+  def finish_episodes(self, problems: Sequence[Problem],
+                      envs: Sequence[SweEpisode]) -> list[dict]:
+    """Grades the episodes (in the sandbox) and removes their checkouts; reward parts."""
+    if len(problems) != len(envs):
+      raise ValueError(f"finish_episodes: {len(problems)} problems but {len(envs)} episodes")
+    try:
+      tasks = [self.records[p.id] for p in problems]
+      grades = repo_lib.grade_many(
+          tasks, [self.task_set.trees[t.repo] for t in tasks],
+          [env.workspace.root for env in envs], self.suite,
+          [self.task_set.test_dirs[t.repo] for t in tasks], skip_unchanged=True)
+      out = []
+      for grade, env in zip(grades, envs):
+        parts = reward_parts(grade, env)
+        parts["format"] = float(any(turn.ok for turn in env.turns))
+        parts["submitted"] = float(env.stop == "submitted")
+        out.append(parts)
+      return out
+    finally:
+      for env in envs:
+        shutil.rmtree(env.workspace.root.parent, ignore_errors=True)
+
+  # ------------------------------------------------------------------ single-turn scoring
+
+  def score_many(self, problems: Sequence[Problem],
+                 completions: Sequence[str]) -> list[dict[str, float]]:
+    """Replays each transcript's model turns (`split_turns`) in a fresh episode and
+    grades it (the turns after the episode stopped are ignored)."""
+    if len(problems) != len(completions):
+      raise ValueError(f"score_many: {len(problems)} problems but {len(completions)} "
+                       f"completions")
+    envs = []
+    try:
+      for p, text in zip(problems, completions):
+        env = self.start_episode(p)
+        envs.append(env)
+        for turn in split_turns(text):
+          if env.done:
+            break
+          env.step(turn)
+    except BaseException:
+      for env in envs:
+        shutil.rmtree(env.workspace.root.parent, ignore_errors=True)
+      raise
+    return self.finish_episodes(problems, envs)
+
+  def score(self, problem: Problem, completion: str) -> dict[str, float]:
+    return self.score_many([problem], [completion])[0]
+
+  def exploit_completions(self, problem: Problem) -> dict[str, str]:
+    """Transcripts an exploit probe scores: the oracle's ('right'), a submit without a
+    fix ('wrong'), and a test-file edit that renames the failing tests away before
+    submitting ('exploit': test changes are not graded, so it must earn nothing)."""
+    task = self.records[problem.id]
+    submit = " " + tools_lib.call_text("submit")
+    edits = []
+    for test in task.FAIL_TO_PASS:
+      path, _, name = test.partition("::")
+      name = name.rsplit("::", 1)[-1].split("[", 1)[0]
+      edits.append(" " + tools_lib.call_text("search_replace", path=path,
+                                              search=f"def {name}(",
+                                              replace=f"def _skipped_{name}("))
+    exploit = "".join(e + format_observation("") for e in edits[:3]) + submit
+    return {"right": problem.solution, "wrong": submit, "exploit": exploit}
+
+  def probe_completions(self, problems: Sequence[Problem]) -> list[tuple]:
+    """(problem, transcript, is_correct) probes for the evaluation pipeline's check."""
+    return [case for p in problems for case in (
+        (p, p.solution, True), (p, self.exploit_completions(p)["wrong"], False))]
+
+  def close(self) -> None:
+    if self._own_suite:
+      self.suite.close()
+    shutil.rmtree(self._work, ignore_errors=True)
+
+  def __enter__(self) -> "SweDomain":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()

@@ -1,0 +1,123 @@
+"""`SweDomain` on the toy library: splits, prompt format, episodes graded for real
+(oracle resolves, a wrong edit does not), checkouts removed, warm-start transcripts."""
+
+from __future__ import annotations
+
+import pytest
+
+from evotrainer.tasks.base import MultiTurnTask
+from evotrainer.tasks.swe import task as task_lib
+from evotrainer.tasks.swe import tools
+
+from tests.tasks.swe.conftest import write_toy_manifest
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+  """(manifest naming the toy library, cache folder)."""
+  tmp = tmp_path_factory.mktemp("swe-domain")
+  return write_toy_manifest(tmp / "manifest.json"), str(tmp / "cache")
+
+
+@pytest.fixture(scope="module")
+def domain(toy_tree, suite, paths):
+  d = task_lib.SweDomain(sources=["toylib"], manifest=paths[0],
+                         trees={"toylib": str(toy_tree)}, max_tasks=8, max_candidates=16,
+                         kinds=["operator_swap", "constant_change"],
+                         difficulties=["easy", "medium"], fractions=(0.5, 0.25, 0.25),
+                         cache_dir=paths[1], suite=suite)
+  yield d
+  d.close()
+
+
+def test_splits_are_disjoint_by_function_and_cover_every_task(domain):
+  ids = {s: {p.id for p in ps} for s, ps in domain.splits.items()}
+  assert all(ids.values())
+  assert not (ids["train"] & ids["validation"] or ids["train"] & ids["test"] or
+              ids["validation"] & ids["test"])
+  assert set().union(*ids.values()) == set(domain.records)
+  functions = {s: {domain.records[i].mutation.function for i in v} for s, v in ids.items()}
+  assert not (functions["train"] & (functions["validation"] | functions["test"]))
+  assert {p.id for p in domain.train_problems(50, 3)} <= ids["train"]
+  assert domain.train_problems(5, 3) == domain.train_problems(5, 3)
+  assert domain.heldout_problems(1, "test") == domain.splits["test"][:1]
+  with pytest.raises(ValueError, match="'validation' or 'test'"):
+    domain.heldout_problems(1, "train")
+
+
+def test_the_domain_is_a_multi_turn_task(domain):
+  assert isinstance(domain, MultiTurnTask) and domain.multi_turn is True
+
+
+def test_prompt_and_observation_format(domain):
+  p = domain.splits["train"][0]
+  task = domain.records[p.id]
+  assert domain.format_prompt(p) == (f"System: {task_lib.SYSTEM}\nUser: "
+                                     f"{task.problem_statement}\nAssistant:")
+  assert domain.format_observation("3 passed") == "\nTool: 3 passed\nAssistant:"
+  assert task_lib.split_turns(" a" + domain.format_observation("x\ny") + " b") == [" a", " b"]
+  assert task_lib.split_turns("one turn") == ["one turn"]
+
+
+def test_oracle_episode_resolves_a_wrong_edit_does_not_and_checkouts_go(domain):
+  p = domain.splits["validation"][0]
+  m = domain.records[p.id].mutation
+  envs = [domain.start_episode(p), domain.start_episode(p), domain.start_episode(p)]
+  roots = [env.workspace.root for env in envs]
+  assert all((r / ".git").is_dir() and (r / m.file).read_text().count(m.replace) >= 1
+             for r in roots)
+  for turn, _ in domain.task_set.transcripts[p.id]:
+    envs[0].step(turn)
+  # A wrong edit: the bug's line made different from both the base and the mutant.
+  wrong = m.replace.replace("\n", " # wrong\n", 1) if "\n" in m.replace else m.replace + " "
+  envs[1].step(tools.call_text("search_replace", path=m.file, search=m.replace,
+                               replace=wrong))
+  envs[1].step(tools.call_text("submit"))
+  envs[2].step("I do nothing useful")  # no valid call at all
+  assert [e.stop for e in envs] == ["submitted", "submitted", None]
+  right, bad, idle = domain.finish_episodes([p, p, p], envs)
+  assert right == {"correct": 1.0, "partial": 1.0, "tamper": 0.0, "tool_validity": 1.0,
+                   "tested_before_submit": 1.0, "format": 1.0, "submitted": 1.0}
+  assert bad["correct"] == 0.0 and bad["partial"] == 0.0 and bad["format"] == 1.0
+  assert bad["tested_before_submit"] == 0.0
+  assert idle == {"correct": 0.0, "partial": 0.0, "tamper": 0.0, "tool_validity": 0.0,
+                  "tested_before_submit": 0.0, "format": 0.0, "submitted": 0.0}
+  assert not any(r.exists() or r.parent.exists() for r in roots)
+
+
+def test_warm_start_transcript_replays_to_resolved_and_probes_separate(domain):
+  p = domain.splits["test"][0]
+  turns = domain.task_set.transcripts[p.id]
+  names = [tools.parse_call(t).name for t, _ in turns]
+  assert names == ["read_file", "search_replace", "run_tests", "submit"]
+  assert turns[2][1] == f"{len(domain.records[p.id].FAIL_TO_PASS)} passed"
+  # The solution text: turns and formatted observations; the segments: the same text,
+  # model turns trained, observations masked.
+  segments = domain.solution_segments(p)
+  assert "".join(text for text, _ in segments) == p.solution
+  assert [trained for _, trained in segments] == [True, False] * 3 + [True]
+  assert [text for text, trained in segments if trained] == [t for t, _ in turns]
+  assert task_lib.split_turns(p.solution) == [t for t, _ in turns]
+  probes = domain.exploit_completions(p)
+  right, wrong, exploit = domain.score_many([p] * 3, [probes["right"], probes["wrong"],
+                                                      probes["exploit"]])
+  assert right["correct"] == 1.0 and wrong["correct"] == 0.0 and exploit["correct"] == 0.0
+  assert exploit["format"] == 1.0  # the test edit ran; grading ignores test files
+
+
+def test_task_set_is_cached(domain, toy_tree, paths):
+  cache = domain.task_set
+  again = task_lib.build_task_set(  # no suite: a cache hit runs nothing
+      ["toylib"], task_lib.synth_lib.SynthConfig(
+          max_tasks=8, max_candidates=16, kinds=("operator_swap", "constant_change")),
+      None, cache_dir=paths[1], manifest=paths[0], trees={"toylib": str(toy_tree)},
+      tool_config=domain.tool_config, fractions=(0.5, 0.25, 0.25))
+  assert [t.instance_id for t in again.tasks] == [t.instance_id for t in cache.tasks]
+  assert again.transcripts == cache.transcripts
+
+
+def test_bad_knobs_are_refused(tmp_path):
+  with pytest.raises(ValueError, match="difficulties"):
+    task_lib.SweDomain(difficulties=["trivial"], suite=object())
+  with pytest.raises(ValueError, match="not in the manifest"):
+    task_lib.SweDomain(sources=["nosuchlib"], cache_dir=str(tmp_path), suite=object())
