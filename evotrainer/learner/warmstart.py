@@ -25,6 +25,7 @@ optimizer settings. A later run with the same inputs loads it (`checkpoint.save_
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -127,6 +128,111 @@ def _rows(batch: TrainBatch, idx: np.ndarray) -> TrainBatch:
   return jax.tree.map(lambda x: None if x is None else x[idx], batch)
 
 
+def pack_prompts(batch: TrainBatch, pad_id: int,
+                 max_tokens: Optional[int] = None) -> TrainBatch:
+  """The same rows with each prompt moved into the completion, masked out of the loss.
+
+  The prompt keeps its first token only (bos, where the tokenizer has one); the rest of
+  the prompt leads the completion with `loss_mask` False. Tokens, RoPE positions and the
+  trained tokens' log-probs are those of `batch` (`completion_logprobs` counts valid
+  slots only), but a row is now one right-padded run of `prompt + completion` tokens:
+  cut to a width, it pads to its own length rather than to the longest prompt plus the
+  longest completion (what `length_buckets` needs).
+
+  Args:
+    batch: rows in the rollout layout (`solution_batch`).
+    pad_id: the padding id.
+    max_tokens: None, or each row is cut to its first `max_tokens` tokens (the prompt's
+      included): the trained tokens after the cut are dropped. A causal model's
+      log-probs of the tokens kept do not depend on the ones dropped.
+
+  Returns:
+    A `TrainBatch` with prompt_tokens [B, 1], completion_tokens [B, M] where M is the
+    longest `prompt_length - 1 + completion_length` (at most `max_tokens - 1`), and
+    matching lengths and mask.
+  """
+  b, p = batch.prompt_tokens.shape
+  lp = np.asarray(batch.prompt_lengths)
+  lc = np.asarray(batch.completion_lengths)
+  lengths = lp - 1 + lc
+  m = int(lengths.max())
+  completion = np.full((b, m), pad_id, np.int32)
+  mask = np.zeros((b, m), bool)
+  for i in range(b):
+    head = batch.prompt_tokens[i, p - lp[i] + 1:]
+    completion[i, :lengths[i]] = np.concatenate([head, batch.completion_tokens[i, :lc[i]]])
+    mask[i, lp[i] - 1:lengths[i]] = batch.loss_mask[i, :lc[i]]
+  if max_tokens is not None:
+    if max_tokens < 2:
+      raise ValueError(f"warm_start.max_tokens={max_tokens}: expected at least 2")
+    m = min(m, max_tokens - 1)
+    lengths = np.minimum(lengths, m)
+    completion, mask = completion[:, :m], mask[:, :m]
+  first = batch.prompt_tokens[np.arange(b), p - lp][:, None]  # [B, 1]
+  return TrainBatch(prompt_tokens=first.astype(np.int32),
+                    prompt_lengths=np.ones((b,), np.int32), completion_tokens=completion,
+                    loss_mask=mask, advantages=np.zeros((b,), np.float32),
+                    old_logprobs=np.zeros((b, m), np.float32),
+                    completion_lengths=lengths.astype(np.int32))
+
+
+def length_buckets(lengths: np.ndarray, width: int, batch_size: int
+                   ) -> list[tuple[int, np.ndarray]]:
+  """Rows grouped by length so that a batch pads to its bucket, not to the longest row.
+
+  A row of length L goes to the bucket `ceil(L / width) * width`; a bucket with fewer
+  than `batch_size` rows joins the next wider one (the last joins the one before it),
+  so every bucket fills a batch and the widths, one compiled step each, stay few.
+
+  Args:
+    lengths: [R] tokens per row.
+    width: the bucket granularity in tokens.
+    batch_size: rows per batch.
+
+  Returns:
+    [(bucket width, row indices)], narrowest first.
+  """
+  if width <= 0:
+    raise ValueError(f"warm_start.bucket_width={width}: expected a positive token count")
+  lengths = np.asarray(lengths)
+  edge = -(-lengths // width) * width
+  buckets: list[tuple[int, np.ndarray]] = []
+  carry = np.zeros((0,), np.int64)
+  for w in np.unique(edge):
+    carry = np.concatenate([carry, np.flatnonzero(edge == w)])
+    if len(carry) >= batch_size:
+      buckets.append((int(w), carry))
+      carry = np.zeros((0,), np.int64)
+  if len(carry):
+    w = int(edge[carry].max())
+    if buckets:
+      buckets[-1] = (w, np.concatenate([buckets[-1][1], carry]))
+    else:
+      buckets.append((w, carry))
+  return buckets
+
+
+def _bucket_epoch(buckets: list[tuple[int, np.ndarray]], batch_size: int,
+                  rng: np.random.Generator) -> list[tuple[int, np.ndarray]]:
+  """One pass over the bucketed rows: each bucket shuffled and cut into full batches (a
+  bucket smaller than a batch is drawn with replacement), the batches shuffled."""
+  out = []
+  for w, rows in buckets:
+    rows = rng.permutation(rows)
+    if len(rows) < batch_size:
+      rows = rng.choice(rows, batch_size)
+    out += [(w, rows[i:i + batch_size])
+            for i in range(0, len(rows) - batch_size + 1, batch_size)]
+  return [out[i] for i in rng.permutation(len(out))]
+
+
+def _cut(batch: TrainBatch, width: int) -> TrainBatch:
+  """The completion arrays cut to `width` slots (the rows' padding beyond it)."""
+  return dataclasses.replace(batch, completion_tokens=batch.completion_tokens[:, :width],
+                             loss_mask=batch.loss_mask[:, :width],
+                             old_logprobs=batch.old_logprobs[:, :width])
+
+
 # ------------------------------------------------------------------ loss and step
 
 
@@ -153,10 +259,13 @@ def _optimizer(steps: int, learning_rate: float) -> optax.GradientTransformation
 def _train(model: Transformer, data: TrainBatch, *, steps: int, batch_size: int,
            learning_rate: float, seed: int, vocab_limit: Optional[int],
            mesh: Optional[Mesh], rules: Rules, check_every: int = 0,
-           stop: Optional[Callable[[nnx.State], bool]] = None) -> list[float]:
+           stop: Optional[Callable[[nnx.State], bool]] = None,
+           buckets: Optional[list[tuple[int, np.ndarray]]] = None) -> list[float]:
   """Trains `model` in place for up to `steps` steps of `batch_size` rows.
 
-  Every `check_every` steps `stop(params)` may end training early. Returns the losses.
+  Every `check_every` steps `stop(params)` may end training early. With `buckets`
+  (`length_buckets` of a packed `data`) each batch comes from one bucket, cut to its
+  width; else batches are drawn from all rows, padded to the longest. Returns the losses.
   """
   graphdef, params = nnx.split(model, nnx.Param)
   tx = _optimizer(steps, learning_rate)
@@ -185,6 +294,7 @@ def _train(model: Transformer, data: TrainBatch, *, steps: int, batch_size: int,
   n = data.prompt_tokens.shape[0]
   order = rng.permutation(n)
   pos = 0
+  schedule: list[tuple[int, np.ndarray]] = []
   history = []
   with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
     opt_state = init(params)
@@ -193,10 +303,16 @@ def _train(model: Transformer, data: TrainBatch, *, steps: int, batch_size: int,
       bar.update(1)
       if stop is not None and check_every and i and i % check_every == 0 and stop(params):
         break
-      if pos + batch_size > n:  # next epoch, reshuffled
-        order, pos = rng.permutation(n), 0
-      batch = _rows(data, order[pos:pos + batch_size])
-      pos += batch_size
+      if buckets is not None:
+        if not schedule:  # next epoch, reshuffled
+          schedule = _bucket_epoch(buckets, batch_size, rng)
+        width, rows = schedule.pop()
+        batch = _cut(_rows(data, rows), width)
+      else:
+        if pos + batch_size > n:  # next epoch, reshuffled
+          order, pos = rng.permutation(n), 0
+        batch = _rows(data, order[pos:pos + batch_size])
+        pos += batch_size
       batch = (shard_batch(batch, mesh, rules) if mesh is not None
                else jax.tree.map(jnp.asarray, batch))
       params, opt_state, loss = step(params, opt_state, batch)
@@ -249,7 +365,9 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
                cache_dir: str = _DEFAULT_CACHE_DIR, mesh: Optional[Mesh] = None,
                rules: Rules = LEARNER_RULES, max_problems: int = 8192,
                target_accuracy: Optional[float] = None, check_every: int = 50,
-               check_problems: int = 128) -> Transformer:
+               check_problems: int = 128, target_validity: Optional[float] = None,
+               bucket_width: Optional[int] = None,
+               max_tokens: Optional[int] = None) -> Transformer:
   """Trains `model` on the task's solved training problems, or loads the cached result.
 
   Args:
@@ -270,7 +388,24 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
       `check_every` steps; `steps` is then the cap. Where the model "gets" a task is
       abrupt and differs between seeds, so a fixed step count gives anything from 5% to
       75%; a target gives every seed the same starting point, with room left for RL.
-    check_every, check_problems: see `target_accuracy`.
+    check_every, check_problems: see `target_accuracy` and `target_validity`.
+    target_validity: the multi-turn counterpart of `target_accuracy` (a task with
+      `solution_segments` and `call_parses(turn)`): stop as soon as this share of first
+      turns, sampled at temperature 1.0 on `check_problems` training problems, parse as
+      a tool call, checked every `check_every` steps. A syntax check, not a solve: the
+      first turn is what a policy must get right before any episode goes anywhere.
+    bucket_width: None: every batch pads to the longest prompt plus the longest
+      solution of all rows (the layout of a rollout). A token count: each row's prompt
+      is packed into its completion (`pack_prompts`, masked; same log-probs) and every
+      batch is drawn from one length bucket of this granularity (`length_buckets`), so
+      it pads to its bucket's width. For rows of very different lengths (multi-turn
+      episodes): the step's cost follows the batch's own length, at one compile per
+      bucket.
+    max_tokens: with `bucket_width`, each row is cut to its first `max_tokens` tokens,
+      prompt included (`pack_prompts`): a long episode's last turns are not trained on,
+      and a row left with no trained token is dropped (logged). Attention's cost grows
+      with the square of a row's length, so a few long episodes can cost most of the
+      time; their late turns (e.g. `submit`) are learned from the short ones.
 
   Returns:
     `model`, with warm-started parameters.
@@ -280,9 +415,17 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
   if batch_size <= 0 or learning_rate <= 0:
     raise ValueError(f"warm_start: batch_size={batch_size} and learning_rate="
                      f"{learning_rate} must be positive")
+  if target_accuracy is not None and target_validity is not None:
+    raise ValueError("warm_start: set target_accuracy or target_validity, not both")
   if target_accuracy is not None and getattr(task, "multi_turn", False):
     raise ValueError("warm_start.target_accuracy needs single-turn sampling; a multi-turn "
-                     "task warm-starts for warm_start.steps (set target_accuracy = None)")
+                     "task stops on warm_start.target_validity (set target_accuracy = "
+                     "None)")
+  if target_validity is not None and not (hasattr(task, "call_parses") and
+                                          hasattr(task, "solution_segments")):
+    raise ValueError(f"warm_start.target_validity needs a multi-turn task with "
+                     f"call_parses() and solution_segments(); {type(task).__name__} has "
+                     f"not (use target_accuracy)")
   problems: list[Problem] = task.train_problems(min(steps * batch_size, max_problems), seed)
   # A multi-turn task gives its episodes as segments: observations are masked.
   segments = getattr(task, "solution_segments", None)
@@ -295,7 +438,29 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
   settings = {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate,
               "seed": seed, "vocab_limit": vocab_limit, "target_accuracy": target_accuracy,
               "check_every": check_every, "check_problems": check_problems}
-  if segments:  # the loss mask is not all completion tokens: part of the key
+  if target_validity is not None:
+    settings["target_validity"] = target_validity
+  buckets = None
+  if max_tokens is not None and bucket_width is None:
+    raise ValueError("warm_start.max_tokens cuts packed rows: set warm_start.bucket_width "
+                     "too")
+  if bucket_width is not None:
+    data = pack_prompts(data, tokenizer.pad_id, max_tokens)
+    settings["bucket_width"] = bucket_width
+    if max_tokens is not None:
+      settings["max_tokens"] = max_tokens
+      kept = np.flatnonzero(data.loss_mask.any(axis=1))
+      if not len(kept):
+        raise ValueError(f"warm_start.max_tokens={max_tokens}: every prompt is as long; "
+                         f"nothing is left to train on")
+      if len(kept) < len(problems):
+        log.info("warm start: %d of %d rows have no trained token in their first %d; "
+                 "dropped", len(problems) - len(kept), len(problems), max_tokens)
+        data = _rows(data, kept)
+    buckets = length_buckets(data.completion_lengths, bucket_width, batch_size)
+    log.info("warm start: %d rows in length buckets %s", len(data.completion_lengths),
+             {w: len(rows) for w, rows in buckets})
+  if segments or buckets:  # the loss mask is not all completion tokens: part of the key
     settings["mask_sha256"] = hashlib.sha256(np.packbits(data.loss_mask).tobytes()).hexdigest()
   key = cache_key(model, tokenizer, task, data, settings)
   path = os.path.join(os.path.expanduser(cache_dir), f"warmstart-{key[:32]}")
@@ -314,10 +479,27 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
   if target_accuracy is not None:
     # Validation problems come from the training distribution, past the ones trained on.
     val = task.train_problems(check_problems, seed + 104729)
-    stop = _accuracy_stop(model, tokenizer, task, val, target_accuracy, seed, mesh, checks)
+    longest = max(len(tokenizer.encode(p.solution)) for p in val) + 1
+
+    def accuracy(problems, texts):
+      return [s["correct"] for s in task.score_many(problems, texts)]
+
+    stop = _sampled_stop(model, tokenizer, task, val, target_accuracy, seed, mesh, checks,
+                         longest, accuracy, "accuracy")
+  elif target_validity is not None:
+    val = task.train_problems(check_problems, seed + 104729)
+    # The first model turn and its eos: the first trained segment.
+    longest = max(len(tokenizer.encode(segments(p)[0][0])) for p in val) + 1
+
+    def validity(problems, texts):
+      return [float(task.call_parses(t)) for t in texts]
+
+    stop = _sampled_stop(model, tokenizer, task, val, target_validity, seed, mesh, checks,
+                         longest, validity, "validity")
   history = _train(model, data, steps=steps, batch_size=batch_size,
                    learning_rate=learning_rate, seed=seed, vocab_limit=vocab_limit,
-                   mesh=mesh, rules=rules, check_every=check_every, stop=stop)
+                   mesh=mesh, rules=rules, check_every=check_every, stop=stop,
+                   buckets=buckets)
   seconds = time.time() - start
   log.info("warm start: %d steps in %.1fs, loss %.3f -> %.3f; saved to %s", len(history),
            seconds, history[0], history[-1], path)
@@ -331,18 +513,21 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
   return model
 
 
-def _accuracy_stop(model: Transformer, tokenizer: Tokenizer, task: Any,
-                   problems: Sequence[Problem], target: float, seed: int,
-                   mesh: Optional[Mesh], record: list) -> Callable[[nnx.State], bool]:
-  """A `stop(params)` that samples one completion per problem at temperature 1.0."""
+def _sampled_stop(model: Transformer, tokenizer: Tokenizer, task: Any,
+                  problems: Sequence[Problem], target: float, seed: int,
+                  mesh: Optional[Mesh], record: list, max_new_tokens: int,
+                  score: Callable[[Sequence[Problem], list[str]], list[float]], name: str
+                  ) -> Callable[[nnx.State], bool]:
+  """A `stop(params)` that samples one completion per problem at temperature 1.0 (at
+  most `max_new_tokens`) and stops when the mean of `score(problems, texts)` reaches
+  `target`; each check is appended to `record` as {"check", name}."""
   from evotrainer.sampling import Sampler, SamplingParams, left_pad
 
   vocab_limit = tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None
   sampler = Sampler(model, pad_id=tokenizer.pad_id, mesh=mesh, vocab_limit=vocab_limit)
   batch = left_pad([tokenizer.encode(task.format_prompt(p), add_bos=True) for p in problems],
                    tokenizer.pad_id)
-  longest = max(len(tokenizer.encode(p.solution)) for p in problems) + 1
-  sp = SamplingParams(max_new_tokens=longest, temperature=1.0)
+  sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
   calls = [0]
 
   def stop(params: nnx.State) -> bool:
@@ -353,11 +538,10 @@ def _accuracy_stop(model: Transformer, tokenizer: Tokenizer, task: Any,
     texts = [tokenizer.decode([t for t in tokens[i, :lengths[i]].tolist()
                                if t not in tokenizer.stop_ids]) for i in range(len(problems))]
     # Process 0 decides (scoring has timeouts; see sharding/multihost.py).
-    acc = broadcast_json(
-        float(np.mean([s["correct"] for s in task.score_many(problems, texts)]))
-        if is_primary() else None)
-    record.append({"check": calls[0], "accuracy": acc})
-    log.info("warm start: check %d, sampled accuracy %.3f (target %.2f)", calls[0], acc, target)
-    return acc >= target
+    value = broadcast_json(float(np.mean(score(problems, texts))) if is_primary() else None)
+    record.append({"check": calls[0], name: value})
+    log.info("warm start: check %d, sampled %s %.3f (target %.2f)", calls[0], name, value,
+             target)
+    return value >= target
 
   return stop

@@ -119,6 +119,75 @@ def test_loss_covers_completion_only(tok):
   np.testing.assert_allclose(float(loss), np.mean(nll), rtol=1e-5)
 
 
+def test_pack_prompts_keeps_every_trained_logprob(tok):
+  """Packed rows (prompt moved into the completion, masked) give the same log-probs of
+  the trained tokens and the same loss as the rollout layout, with less padding."""
+  model = Transformer(TINY, rngs=nnx.Rngs(0))
+  prompts = ["12+7=", "3+45+100+2000+7=", "1="]
+  sols = [[("<answer>", True), ("19", False), ("</answer>", True)],
+          "<answer>2155</answer>", "<answer>1</answer>"]
+  batch = warmstart.solution_batch(tok, prompts, sols)
+  packed = warmstart.pack_prompts(batch, tok.pad_id)
+  lp, lc = batch.prompt_lengths, batch.completion_lengths
+  assert packed.prompt_tokens.tolist() == [[tok.bos_id]] * 3
+  assert packed.completion_lengths.tolist() == (lp - 1 + lc).tolist()
+  assert packed.completion_tokens.shape[1] == max(lp - 1 + lc) < (
+      batch.prompt_tokens.shape[1] + batch.completion_tokens.shape[1])
+  assert packed.loss_mask.sum() == batch.loss_mask.sum()
+  for i in range(3):
+    row = packed.completion_tokens[i, :packed.completion_lengths[i]].tolist()
+    assert row == tok.encode(prompts[i]) + batch.completion_tokens[i, :lc[i]].tolist()
+    assert not packed.loss_mask[i, :lp[i] - 1].any()
+  logp, _ = warmstart.completion_logprobs(model, jax.tree.map(jnp.asarray, batch),
+                                          vocab_limit=tok.vocab_size)
+  logq, _ = warmstart.completion_logprobs(model, jax.tree.map(jnp.asarray, packed),
+                                          vocab_limit=tok.vocab_size)
+  for i in range(3):
+    np.testing.assert_allclose(np.asarray(logq)[i][packed.loss_mask[i]],
+                               np.asarray(logp)[i][batch.loss_mask[i]], rtol=1e-5, atol=1e-5)
+  a, _ = warmstart.supervised_loss(logp, jnp.asarray(batch.loss_mask))
+  b, _ = warmstart.supervised_loss(logq, jnp.asarray(packed.loss_mask))
+  np.testing.assert_allclose(float(a), float(b), rtol=1e-5)
+  # max_tokens cuts every row to a prefix (prompt included): the trained tokens kept
+  # keep their log-probs, the ones past the cut are not trained.
+  cut = int(lp[1]) + 2  # row 1: its prompt and 2 solution tokens
+  short = warmstart.pack_prompts(batch, tok.pad_id, max_tokens=cut)
+  assert short.completion_tokens.shape[1] == cut - 1
+  assert short.completion_lengths.tolist() == np.minimum(lp - 1 + lc, cut - 1).tolist()
+  assert short.loss_mask[1].sum() == 2
+  logs, _ = warmstart.completion_logprobs(model, jax.tree.map(jnp.asarray, short),
+                                          vocab_limit=tok.vocab_size)
+  for i in range(3):
+    np.testing.assert_allclose(np.asarray(logs)[i][short.loss_mask[i]],
+                               np.asarray(logq)[i, :cut - 1][short.loss_mask[i]],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_length_buckets_fill_batches():
+  lengths = np.array([100, 250, 260, 300, 600, 620, 700, 900, 40, 250])
+  buckets = warmstart.length_buckets(lengths, 256, batch_size=2)
+  # 256: rows 0, 1, 8, 9; 512: rows 2, 3; 768: rows 4-6; 1024: row 7 alone joins 768.
+  assert [(w, sorted(r.tolist())) for w, r in buckets] == [
+      (256, [0, 1, 8, 9]), (512, [2, 3]), (1024, [4, 5, 6, 7])]
+  assert all(lengths[r].max() <= w for w, r in buckets)
+  # A bucket short of a batch joins the next wider one (512 into 768, 1024 into that).
+  assert [(w, sorted(r.tolist())) for w, r in warmstart.length_buckets(
+      lengths, 256, batch_size=3)] == [(256, [0, 1, 8, 9]), (1024, [2, 3, 4, 5, 6, 7])]
+  epoch = warmstart._bucket_epoch(buckets, 2, np.random.default_rng(0))
+  assert sorted(len(r) for _, r in epoch) == [2] * 5
+  assert all(set(r.tolist()) <= set(dict(
+      (w, rr.tolist()) for w, rr in buckets)[w]) for w, r in epoch)
+
+
+def test_bucketed_warm_start_learns(tok, task, tmp_path, counted_train):
+  kw = dict(steps=30, batch_size=16, learning_rate=3e-3, seed=0, cache_dir=str(tmp_path))
+  warmstart.warm_start(Transformer(TINY, rngs=nnx.Rngs(0)), tok, task, bucket_width=4, **kw)
+  losses = counted_train[-1]
+  assert len(losses) == 30 and np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5]), losses
+  (entry,) = list(tmp_path.iterdir())
+  assert checkpoint.read_model_metadata(entry)["settings"]["bucket_width"] == 4
+
+
 def test_warm_start_trains_then_hits_cache(tok, task, tmp_path, counted_train, caplog):
   kw = dict(steps=40, batch_size=32, learning_rate=3e-3, seed=0, cache_dir=str(tmp_path))
   first = warmstart.warm_start(Transformer(TINY, rngs=nnx.Rngs(0)), tok, task, **kw)
@@ -205,3 +274,46 @@ def test_accuracy_vs_steps(tok, task, tmp_path, counted_train):
         f"{tok.vocab_size}:\n  " + "\n  ".join(rows))
   assert np.mean(counted_train[-1][-10:]) < np.mean(counted_train[0][-10:])
   assert greedies[-1] > base
+
+
+class _TaggedTurns:
+  """A stand-in multi-turn task over tiny_arithmetic: one model turn (the tagged
+  answer); a turn "parses as a call" when it is a complete <answer> tag."""
+
+  multi_turn = True
+
+  def __init__(self, task):
+    self.task = task
+
+  def train_problems(self, n, seed):
+    return self.task.train_problems(n, seed)
+
+  def format_prompt(self, p):
+    return self.task.format_prompt(p)
+
+  def solution_segments(self, p):
+    return [(p.solution, True)]
+
+  def call_parses(self, turn):
+    turn = turn.strip()
+    return turn.startswith("<answer>") and turn.endswith("</answer>")
+
+
+def test_target_validity_stops_on_sampled_first_turns(tok, task, tmp_path, counted_train):
+  kw = dict(steps=300, batch_size=32, learning_rate=3e-3, seed=0, cache_dir=str(tmp_path),
+            check_every=10, check_problems=32)
+  fake = _TaggedTurns(task)
+  warmstart.warm_start(Transformer(TINY, rngs=nnx.Rngs(0)), tok, fake,
+                       target_validity=0.8, **kw)
+  ran = len(counted_train[-1])
+  (entry,) = list(tmp_path.iterdir())
+  checks = checkpoint.read_model_metadata(entry)["checks"]
+  assert 0 < ran < 300 and ran == 10 * len(checks), (ran, checks)
+  assert checks[-1]["validity"] >= 0.8 > max(c["validity"] for c in checks[:-1])
+  # Refused: a task without call_parses, both targets at once.
+  with pytest.raises(ValueError, match="call_parses"):
+    warmstart.warm_start(Transformer(TINY, rngs=nnx.Rngs(0)), tok, task,
+                         target_validity=0.5, **kw)
+  with pytest.raises(ValueError, match="not both"):
+    warmstart.warm_start(Transformer(TINY, rngs=nnx.Rngs(0)), tok, fake,
+                         target_validity=0.5, target_accuracy=0.5, **kw)
