@@ -62,6 +62,12 @@ def summarize(infos, parts) -> dict:
           "format": sum(p["format"] for p in parts) / n,
           "tool_validity": sum(p["tool_validity"] for p in parts) / n,
           "valid_calls_per_turn": sum(c["ok"] for c in calls) / max(turns, 1),
+          "parsed_calls_per_turn": len(calls) / max(turns, 1),
+          # The first turn: its call parsed (`tools.parse_call`), and it also ran.
+          "first_turn_parsed": sum(any(c["turn"] == 0 for c in info["tool_calls"])
+                                   for info in infos) / n,
+          "first_turn_valid": sum(any(c["turn"] == 0 and c["ok"] for c in info["tool_calls"])
+                                  for info in infos) / n,
           "turns_mean": turns / n,
           "stops": dict(collections.Counter(str(info.get("stop")) for info in infos)),
           "tools": dict(collections.Counter(c["name"] for c in calls if c["ok"]))}

@@ -360,6 +360,16 @@ class SweDomain:
         out.append((format_observation(obs), False))
     return out
 
+  def call_parses(self, turn: str) -> bool:
+    """Whether a model turn's text holds one well-formed call of an offered tool
+    (`tools.parse_call`; whether it would run, e.g. its path exists, is not checked):
+    the warm start's `target_validity` check."""
+    try:
+      tools_lib.parse_call(turn, self.tool_config.tool_args())
+    except tools_lib.CallError:
+      return False
+    return True
+
   # ------------------------------------------------------------------ episodes
 
   def start_episode(self, problem: Problem) -> SweEpisode:

@@ -121,3 +121,14 @@ def test_bad_knobs_are_refused(tmp_path):
     task_lib.SweDomain(difficulties=["trivial"], suite=object())
   with pytest.raises(ValueError, match="not in the manifest"):
     task_lib.SweDomain(sources=["nosuchlib"], cache_dir=str(tmp_path), suite=object())
+
+
+def test_call_parses_is_the_tools_syntax_check(domain):
+  turns = [t for t, _ in domain.task_set.transcripts[domain.splits["train"][0].id]]
+  assert turns and all(domain.call_parses(t) for t in turns)
+  assert domain.call_parses("I look first.\n" + tools.call_text("list_dir", path="."))
+  for bad in ("no call here", '```tool\n{"tool": "read_file"}\n```',  # missing path
+              tools.call_text("git", command="log"),  # not offered by default
+              '```tool\n{"tool": "submit", "args": {}\n```',  # not JSON
+              tools.call_text("submit") + tools.call_text("submit")):  # two blocks
+    assert not domain.call_parses(bad), bad
