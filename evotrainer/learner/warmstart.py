@@ -14,7 +14,11 @@ prompt `bos + encode(format_prompt(p))`, left-padded, then the completion
 multi-turn task (`task.solution_segments(p)`, e.g. SWE's oracle episodes) gives the
 completion as segments: each model turn `encode(turn) + eos`, each observation
 `encode(observation)` between them, as the multi-turn engine lays an episode out; the
-observations are masked out of the loss.
+observations are masked out of the loss. Rows of very different lengths (episodes) can be
+trained in length buckets (`bucket_width`: the prompt packed into the row, the same
+log-probs, a batch padded to its bucket) and cut to a prefix (`max_tokens`); a
+multi-turn task can stop on the share of sampled first turns that parse as a tool call
+(`target_validity`), the single-turn one on sampled accuracy (`target_accuracy`).
 
 The result is cached under `cache_dir`, keyed by a hash of everything it depends on: the
 model config and its initial parameters, the tokenizer, every training token, and the
