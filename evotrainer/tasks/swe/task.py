@@ -209,8 +209,10 @@ def build_task_set(names: Sequence[str], config: synth_lib.SynthConfig,
           out[task.instance_id] = turns if grade.resolved else None
         return {"transcripts": out, "oracle_s": round(time.monotonic() - start, 2)}
 
+      # The oracle's turn texts are part of the key: rewording them replays the oracle.
       oracle_key = _key({"synth": synth_key, "tools": dataclasses.asdict(tool_config),
-                         "budget": dataclasses.asdict(budget), "context": oracle_context})
+                         "budget": dataclasses.asdict(budget), "context": oracle_context,
+                         "turns": [agents.oracle_turns(t, oracle_context) for t in built]})
       played = _cached(cache / "tasks" / f"oracle-{oracle_key}.json", oracle)
       kept = [t for t in built if played["transcripts"].get(t.instance_id)]
       transcripts.update({t.instance_id: played["transcripts"][t.instance_id] for t in kept})

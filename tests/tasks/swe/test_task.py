@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from evotrainer.tasks.base import MultiTurnTask
@@ -114,6 +116,21 @@ def test_task_set_is_cached(domain, toy_tree, paths):
       tool_config=domain.tool_config, fractions=(0.5, 0.25, 0.25))
   assert [t.instance_id for t in again.tasks] == [t.instance_id for t in cache.tasks]
   assert again.transcripts == cache.transcripts
+
+
+def test_reworded_oracle_turns_replay_the_oracle(domain, toy_tree, suite, paths, monkeypatch):
+  """The oracle cache is keyed by the oracle's turn texts: a reworded oracle is replayed
+  (its new words reach the transcripts), never served stale transcripts."""
+  reworded = task_lib.agents.oracle_turns
+  monkeypatch.setattr(task_lib.agents, "oracle_turns",
+                      lambda t, c=5: ["Reworded. " + x for x in reworded(t, c)])
+  again = task_lib.build_task_set(
+      ["toylib"], task_lib.synth_lib.SynthConfig(
+          max_tasks=8, max_candidates=16, kinds=("operator_swap", "constant_change")),
+      suite, cache_dir=paths[1], manifest=paths[0], trees={"toylib": str(toy_tree)},
+      tool_config=domain.tool_config, fractions=(0.5, 0.25, 0.25))
+  texts = json.dumps(again.transcripts)
+  assert "Reworded. " in texts and "Reworded. " not in json.dumps(domain.task_set.transcripts)
 
 
 def test_bad_knobs_are_refused(tmp_path):
