@@ -140,14 +140,13 @@ def test_metric_writer_writes_tensorboard_without_importing_torch(tmp_path):
 
 
 @pytest.mark.slow
-def test_launch_train_end_to_end(tmp_path):
+def test_launch_train_end_to_end(tmp_path, launch_caches):
   workdir = tmp_path / "run"
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   proc = subprocess.run(
       [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math_train.gin",
        "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
-       f"--gin_bindings=make_tokenizer.cache_dir = '{tmp_path}/tok'",
-       f"--gin_bindings=warm_start.cache_dir = '{tmp_path}/ws'"],
+       *(f"--gin_bindings={b}" for b in launch_caches)],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   summary = json.loads((workdir / "summary.json").read_text())
@@ -170,7 +169,7 @@ def test_bad_gin_binding_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_evolve_mode_end_to_end(tmp_path):
+def test_evolve_mode_end_to_end(tmp_path, launch_caches):
   """The controller trains a root, a branch and the generation's control branch in child
   processes (branch mode), from the parent's state, and records them in the ledger and
   summary.json."""
@@ -182,8 +181,7 @@ def test_evolve_mode_end_to_end(tmp_path):
          "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
          f"--gin_bindings=evolve.generations = {generations}",
          "--gin_bindings=evolve.branches = 1", "--gin_bindings=evolve.branch_steps = 2",
-         f"--gin_bindings=make_tokenizer.cache_dir = '{tmp_path}/tok'",
-         f"--gin_bindings=warm_start.cache_dir = '{tmp_path}/ws'"],
+         *(f"--gin_bindings={b}" for b in launch_caches)],
         cwd=REPO, env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
         capture_output=True, text=True, timeout=1200)
     assert proc.returncode == rc, proc.stdout[-3000:] + proc.stderr[-3000:]
