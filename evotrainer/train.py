@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Callable, Optional, Sequence
@@ -142,6 +143,26 @@ class Background:
       raise RuntimeError(f"background bookkeeping failed: {error}") from error
 
 
+def _tensorboard_writer_class() -> type:
+  """tensorboardX's `SummaryWriter`, imported without importing torch.
+
+  tensorboardX's writer module imports torch whenever it is installed (the test extra
+  installs it), only to accept torch tensors; this writer logs Python numbers. That
+  import costs 2-3 s of CPU in every process that trains, i.e. every branch of an
+  evolution, so torch is hidden while tensorboardX is imported (unless something already
+  imported it) and visible again right after: a later `import torch` works as usual.
+  """
+  hide = "torch" not in sys.modules
+  if hide:
+    sys.modules["torch"] = None  # `import torch` raises ImportError while this is set
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+  finally:
+    if hide and "torch" in sys.modules and sys.modules["torch"] is None:
+      del sys.modules["torch"]
+  return SummaryWriter
+
+
 class MetricWriter:
   """Metrics as JSON lines (`metrics.jsonl`), findings (`findings.jsonl`) and TensorBoard
   event files (thread-safe). In a `gs://` workdir they are appended to in its local mirror
@@ -158,8 +179,7 @@ class MetricWriter:
     self.path = str(self._mirror.local("metrics.jsonl"))
     self.findings_path = str(self._mirror.local("findings.jsonl"))
     try:
-      from tensorboardX import SummaryWriter
-      self.tb = SummaryWriter(str(self._mirror.local("tensorboard")))
+      self.tb = _tensorboard_writer_class()(str(self._mirror.local("tensorboard")))
     except ImportError:  # optional: JSON lines are the record
       self.tb = None
 

@@ -24,3 +24,16 @@ def pytest_configure(config):
 def devices():
   assert jax.device_count() == 8, "tests expect 8 fake CPU devices"
   return jax.devices()
+
+
+@pytest.fixture(scope="session")
+def launch_caches(tmp_path_factory):
+  """`--gin_bindings` for a tokenizer and a warm-start cache shared by the launcher tests.
+
+  Both caches are keyed by a hash of every input (texts and vocabulary size; model,
+  initial parameters, tokenizer, training tokens and optimizer settings), so a test loads
+  an entry only where it would have trained the very same thing: the first launch that
+  needs the tiny warm start trains it, later ones with the same inputs load it.
+  """
+  root = tmp_path_factory.mktemp("launch-caches")
+  return [f"make_tokenizer.cache_dir = '{root}/tok'", f"warm_start.cache_dir = '{root}/ws'"]

@@ -348,7 +348,7 @@ def test_a_sweep_seeds_an_evolution(tmp_path):
 
 
 @pytest.mark.slow
-def test_sweep_mode_end_to_end(tmp_path):
+def test_sweep_mode_end_to_end(tmp_path, launch_caches):
   """`run.mode = 'sweep'` on math.gin + tiny.gin: a root and two variants as branch-mode
   child processes; the table in summary.json and the ledger; a bad file writes nothing."""
   sweep_file = tmp_path / "tiny.sweep"
@@ -359,8 +359,7 @@ def test_sweep_mode_end_to_end(tmp_path):
   common = [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
             "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
             "--gin_bindings=run.mode = 'sweep'", "--gin_bindings=evolve.branch_steps = 2",
-            f"--gin_bindings=make_tokenizer.cache_dir = '{tmp_path}/tok'",
-            f"--gin_bindings=warm_start.cache_dir = '{tmp_path}/ws'"]
+            *(f"--gin_bindings={b}" for b in launch_caches)]
   bad = tmp_path / "bad.sweep"
   bad.write_text("[variant oops]\nLearner.clip_hi = 0.3\n")
   proc = subprocess.run(common + [f"--sweep_file={bad}"], cwd=REPO, env=env,

@@ -61,15 +61,14 @@ def test_user_components_from_gin_build_a_working_harness(clean_gin):
 
 
 @pytest.mark.slow
-def test_user_components_through_the_command_line(tmp_path):
+def test_user_components_through_the_command_line(tmp_path, launch_caches):
   workdir = tmp_path / "run"
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   proc = subprocess.run(
       [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math_train.gin",
        "--gin_file=gin/tiny.gin", "--import=tests.user_components", f"--workdir={workdir}",
        *(f"--gin_bindings={b}" for b in BINDINGS),
-       f"--gin_bindings=make_tokenizer.cache_dir = '{tmp_path}/tok'",
-       f"--gin_bindings=warm_start.cache_dir = '{tmp_path}/ws'"],
+       *(f"--gin_bindings={b}" for b in launch_caches)],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   store = RolloutStore(workdir / "rollouts")
