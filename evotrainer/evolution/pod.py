@@ -152,17 +152,25 @@ def _free_port() -> int:
 
 
 def _request(n: int, request: dict, local: SubprocessTrainer, hosts: Hosts) -> None:
-  """Runs this process's child of request `n` and posts its outcome."""
+  """Runs this process's child of request `n` and posts its outcome (also when this
+  process fails to run it, so that the others stop theirs)."""
   workdir = pathlib.Path(request["workdir"])
-  workdir.mkdir(parents=True, exist_ok=True)
   log = workdir / ("branch.log" if hosts.leader else f"branch.process{hosts.process_id}.log")
-  cmd = local.command(**{k: request[k] for k in ("version", "parent_checkpoint", "bindings",
-                                                  "seed", "workdir")})
-  rc = run_child(cmd, log, env={**hosts.child_env(request["coordinator"]), **local.env},
-                 timeout_s=local.timeout_s, stop=lambda: hosts.others_failed(n),
-                 poll_s=hosts.poll_s)
-  hosts.post(f"status/{n}/{hosts.process_id}",
-             {"rc": rc, "end": time.time(), "log": str(log), "tail": log_tail(log)})
+  rc, tail = "error", ""
+  try:
+    workdir.mkdir(parents=True, exist_ok=True)
+    cmd = local.command(**{k: request[k] for k in ("version", "parent_checkpoint",
+                                                    "bindings", "seed", "workdir")})
+    rc = run_child(cmd, log, env={**hosts.child_env(request["coordinator"]), **local.env},
+                   timeout_s=local.timeout_s, stop=lambda: hosts.others_failed(n),
+                   poll_s=hosts.poll_s)
+    tail = log_tail(log)
+  except BaseException as e:
+    tail = f"process {hosts.process_id} could not run its child: {type(e).__name__}: {e}"
+    raise
+  finally:
+    hosts.post(f"status/{n}/{hosts.process_id}",
+               {"rc": rc, "end": time.time(), "log": str(log), "tail": tail})
 
 
 class PodTrainer:

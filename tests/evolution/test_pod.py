@@ -153,6 +153,24 @@ def test_one_failing_child_fails_the_branch_on_every_process(tmp_path, monkeypat
   assert errors.explain(out[0]) == ("disk", "process 0 stopped the run: disk full writing x")
 
 
+class Unlaunchable(PlantedTrainer):
+
+  def command(self, **kw):
+    raise OSError("no python here")
+
+
+def test_a_follower_that_cannot_start_its_child_fails_the_branch(tmp_path, monkeypatch):
+  _, leader, follower = _pair({"0": "hang", "1": "ok"}, monkeypatch)
+  out = []
+  thread = threading.Thread(target=_follow, args=(Unlaunchable({}), follower, out))
+  thread.start()
+  with pytest.raises(BranchFailed, match="on process 1 of 2 \\(error\\)") as e:
+    _train(leader, tmp_path)
+  assert "process 1 could not run its child: OSError: no python here" in e.value.log_tail
+  thread.join(timeout=30)
+  assert len(out) == 1 and isinstance(out[0], OSError)
+
+
 def test_a_follower_that_left_fails_the_branch(tmp_path, monkeypatch):
   _, leader, follower = _pair({"0": "hang", "1": "ok"}, monkeypatch)
   follower.leave(["memory", "out of memory"])  # e.g. died before its first request
