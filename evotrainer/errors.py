@@ -4,7 +4,9 @@
 ledger, disk, permissions, memory, workdir lock / fingerprint, sweep file, gate) into
 `(kind, message)`: where it happened and what to do next. Anything else is a bug or an
 unknown failure and keeps its traceback. launch.py prints the one line, writes the full
-traceback to `<workdir>/error.log` (or prints it with `--verbose`) and exits with 2.
+traceback to `<workdir>/error.log` (or prints it with `--verbose`) and exits with 2. The
+other processes of a multi-process evolution stop with process 0's known failure, under
+its kind (evolution/pod.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def explain(e: BaseException) -> Optional[tuple[str, str]]:
   from evotrainer.config import ConfigError
   from evotrainer.evolution.gates import GateError, GateTimeout
   from evotrainer.evolution.ledger import LedgerError
+  from evotrainer.evolution.pod import LeaderStopped
   from evotrainer.evolution.sweep_file import SweepError
   from evotrainer.infra import InfrastructureError
   from evotrainer.tasks.base import DataError
@@ -51,6 +54,8 @@ def explain(e: BaseException) -> Optional[tuple[str, str]]:
 
   if isinstance(e, WorkdirLocked):
     return "lock", _first_line(e)
+  if isinstance(e, LeaderStopped) and e.kind:  # a follower ends with the leader's kind
+    return e.kind, _first_line(e)
   if isinstance(e, WorkdirError):
     return "workdir", _first_line(e)
   if isinstance(e, ConfigError):

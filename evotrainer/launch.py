@@ -22,9 +22,9 @@ Flags:
                         VM pod set EVO_TPU_POD=1 and nothing else).
 
 Multi-process runs (several hosts, or local processes for a test): `train`, `branch`
-and `sample` run on all processes, process 0 writing the files; `evolve` and `sweep`
-are refused (exit 2): their controller runs one branch at a time as a child process of
-one host.
+and `sample` run on all processes, process 0 writing the files. `evolve` runs one
+controller, process 0's, and trains each branch as a child on every process together
+(evotrainer/evolution/pod.py); `sweep` is refused (exit 2).
 
 Known failures (configuration, data, checkpoint, ledger, disk, permissions, memory,
 workdir lock or fingerprint) end with one line `error (<kind>): ...` and exit code 2.
@@ -159,33 +159,38 @@ def main(argv) -> None:
   workdir = FLAGS.workdir or os.path.join("runs", pathlib.Path(FLAGS.gin_file[-1]).stem)
   mode = _mode()
   _check_flags(mode, workdir)
-  lock = None
+  lock = hosts = None
+  primary = True  # until the processes are joined
+  left = ["", "stopped"]  # what the other processes of a multi-process evolve are told
   try:
     from evotrainer.run import run
     from evotrainer.sharding.mesh import initialize_distributed
     multi = initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                    FLAGS.process_id)
-    if multi and mode in ("evolve", "sweep"):
-      _fail("config", f"run.mode='{mode}' runs as one process: its controller starts "
-                      f"every branch as a child process on its own host, and branches "
-                      f"spanning several processes are not supported; launch it without "
-                      f"--coordinator_address/--num_processes/EVO_* (or EVO_TPU_POD), or "
-                      f"run one branch multi-process with run.mode='train'")
+    if multi and mode == "sweep":
+      _fail("config", "run.mode='sweep' runs as one process (run.mode='evolve' runs across "
+                      "processes, a sweep not yet); launch it without --coordinator_address/"
+                      "--num_processes/EVO_* (or EVO_TPU_POD)")
+    if multi and mode == "evolve":  # one controller, process 0's (evolution/pod.py)
+      from evotrainer.evolution import pod
+      hosts = pod.join()
     primary = not multi or __import__("jax").process_index() == 0
     if mode != "ledger" and primary:  # one process per workdir; readers need no lock
       lock = workdir_lib.WorkdirLock(workdir).acquire()
       if mode in ("train", "branch", "evolve", "sweep"):
         workdir_lib.check_fingerprint(workdir, new_segment=FLAGS.new_segment)
     run(workdir)
+    left = None
   except Exception as e:  # pylint: disable=broad-except  (known failures: one line)
     known = errors.explain(e)
+    left = list(known) if known else ["", f"{type(e).__name__}: {str(e)[:500]}"]
     if known is None:
       raise
     from evotrainer import paths  # a gs:// workdir's error.log stays in its local mirror
     local = (None if paths.is_remote(workdir) and paths.scheme(workdir) not in paths.SCHEMES
              else paths.mirror_dir(workdir))
-    where = (errors.write_traceback(local / "error.log", e)
-             if local is not None and local.is_dir() else None)
+    where = (errors.write_traceback(local / "error.log", e)  # process 0 writes the files
+             if primary and local is not None and local.is_dir() else None)
     if FLAGS.verbose:
       import traceback
       traceback.print_exc()
@@ -193,6 +198,8 @@ def main(argv) -> None:
     hint = where and not FLAGS.verbose and known[0] not in ("lock", "workdir", "config")
     _fail(known[0], known[1] + (f" [traceback: {where}]" if hint else ""))
   finally:
+    if hosts is not None:
+      hosts.leave(left)
     if lock is not None:
       lock.release()
 

@@ -11,6 +11,8 @@ Modes:
   evolve   the EvoTrainer loop (evotrainer/evolution/controller.py): every branch is a
            `branch`-mode child process from its parent's model, under the run's gin plus
            the branch's bindings; the ledger, skills and summary.json live in the workdir.
+           Across several processes, process 0 runs the controller and every branch
+           trains as one child per process (evotrainer/evolution/pod.py).
   sweep    the variants of a sweep file (`sweep.file`, evotrainer/evolution/sweep_file.py)
            as branches of one parent, verified like evolution branches, ranked in a table
            (terminal, summary.json 'sweep', report.html); same `evolve.*` knobs and ledger.
@@ -66,8 +68,11 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            skills_dir: str | None = None, human_gated: bool = False,
            branch_timeout_s: float = 1800, resume_from: str | None = None,
            backtest: bool = True, control: bool = True, mode: str = "evolve",
-           task=None, domain: str = "math", validators: list | None = None) -> dict:
+           task=None, domain: str = "math", validators: list | None = None) -> dict | None:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
+
+  Across several processes (evolution/pod.py) process 0 runs the controller and returns
+  the summary; the others train their part of each branch and return None.
 
   Args:
     workdir: the run directory (ledger.sqlite, skills/, versions/<id>/, summary.json).
@@ -97,6 +102,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
     validators: the promotion gates (None: `harness_evolution.DEFAULT_VALIDATORS`).
   """
   from evotrainer import config as config_lib
+  from evotrainer.evolution import pod
   from evotrainer.evolution.controller import Controller, no_eval_check
   from evotrainer.evolution.eval_check import task_eval_check
   from evotrainer.evolution.ledger import Ledger
@@ -105,6 +111,17 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   from evotrainer.evolution.trainer import SubprocessTrainer
 
   launch = config_lib.LAUNCH
+  trainer = SubprocessTrainer(
+      launch.get("gin_files", ()),
+      [*launch.get("gin_bindings", ()), f"train.steps = {int(branch_steps)}"],
+      imports=launch.get("imports", ()), timeout_s=branch_timeout_s,
+      flags=launch.get("flags", ()))
+  hosts = pod.current()
+  if hosts is not None and not hosts.leader:  # process 0 alone runs the controller
+    pod.follow(trainer, hosts)
+    return None
+  if hosts is not None:  # every branch trains on all processes together
+    trainer = pod.PodTrainer(trainer, hosts)
   pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
   space.check_bindings_exist()
   if mode == "sweep":  # checked before the ledger is opened: a bad file writes nothing
@@ -118,11 +135,6 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   if resume_from:
     from evotrainer.evolution.sweep import start_from
     start_from(resume_from, workdir)
-  trainer = SubprocessTrainer(
-      launch.get("gin_files", ()),
-      [*launch.get("gin_bindings", ()), f"train.steps = {int(branch_steps)}"],
-      imports=launch.get("imports", ()), timeout_s=branch_timeout_s,
-      flags=launch.get("flags", ()))
   sources = [s for s in (resume_from and pathlib.Path(resume_from) / "skills", skills_dir)
              if s] + [SEED_DIR]
   skills = SkillLibrary.seeded(pathlib.Path(workdir) / "skills", sources=sources)
@@ -173,6 +185,8 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   if mode in ("evolve", "sweep"):  # the controller itself never touches JAX
     start = time.time()
     summary = evolve(workdir, seed, mode=mode, task=task)
+    if summary is None:  # another process than 0 of a multi-process evolution
+      return {}
     summary["wall_s"] = round(time.time() - start, 2)
     _write_summary(workdir, summary)
     return summary

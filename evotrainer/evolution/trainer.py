@@ -20,7 +20,7 @@ import re
 import subprocess
 import sys
 import time
-from typing import Optional, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,27 +107,70 @@ class SubprocessTrainer:
     cmd += [f"--gin_bindings={b}" for b in [*self.bindings, *bindings, *own]]
     return cmd
 
+  def finished(self, workdir: str) -> Optional[BranchResult]:
+    """The result of a branch trained before in `workdir` (None when there is none)."""
+    path = pathlib.Path(workdir) / "branch_result.json"
+    return BranchResult.from_json(json.loads(path.read_text()), workdir) if path.exists() \
+        else None
+
   def train(self, *, version: str, parent_checkpoint: Optional[str], bindings: Sequence[str],
             seed: int, workdir: str) -> BranchResult:
-    path = pathlib.Path(workdir) / "branch_result.json"
-    if path.exists():
-      return BranchResult.from_json(json.loads(path.read_text()), workdir)
+    done = self.finished(workdir)
+    if done is not None:
+      return done
     pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
     log_path = pathlib.Path(workdir) / "branch.log"
     cmd = self.command(version=version, parent_checkpoint=parent_checkpoint,
                        bindings=bindings, seed=seed, workdir=workdir)
     start = time.time()
-    with open(log_path, "ab") as log:
-      log.write(("$ " + " ".join(cmd) + "\n").encode())
-      log.flush()
-      try:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                              env={**os.environ, **self.env}, timeout=self.timeout_s)
-        rc = proc.returncode
-      except subprocess.TimeoutExpired:
-        rc = "timeout"
-    if rc != 0 or not path.exists():
-      tail = log_path.read_text(errors="replace")[-3000:]
-      raise BranchFailed(f"branch {version} failed ({rc}) after {time.time() - start:.0f}s: "
-                         f"{last_error(tail)}; log {log_path}:\n{tail}", rc=rc, log_tail=tail)
-    return BranchResult.from_json(json.loads(path.read_text()), workdir)
+    rc = run_child(cmd, log_path, env={**os.environ, **self.env}, timeout_s=self.timeout_s)
+    return self.collect(version, workdir, rc, start, log_path)
+
+  def collect(self, version: str, workdir: str, rc, start: float, log_path: os.PathLike,
+              tail: Optional[str] = None, where: str = "") -> BranchResult:
+    """The branch's result after its child ended with `rc`; raises BranchFailed (with
+    `tail`, by default the end of `log_path`) unless it exited 0 and wrote its result.
+    `where` names the failing process of a multi-process branch (pod.py)."""
+    done = self.finished(workdir) if rc == 0 else None
+    if done is None:
+      tail = log_tail(log_path) if tail is None else tail
+      raise BranchFailed(f"branch {version} failed{where} ({rc}) after "
+                         f"{time.time() - start:.0f}s: {last_error(tail)}; log {log_path}:"
+                         f"\n{tail}", rc=rc, log_tail=tail)
+    return done
+
+
+def log_tail(log_path: os.PathLike, chars: int = 3000) -> str:
+  """The end of a child's log (what BranchFailed and infra.py read)."""
+  path = pathlib.Path(log_path)
+  return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+
+def run_child(cmd: Sequence[str], log_path: os.PathLike, *, env: dict, timeout_s: float,
+              stop: Optional[Callable[[], bool]] = None, poll_s: float = 1.0):
+  """Runs `cmd`, appending the command line and its output to `log_path`.
+
+  Returns:
+    its exit code (negative: the signal), 'timeout' when it ran past `timeout_s`, or
+    'stopped' when `stop()` (asked every `poll_s` seconds) turned true first; the child
+    is killed in both cases, and when the caller is interrupted.
+  """
+  deadline = time.monotonic() + timeout_s
+  with open(log_path, "ab") as log:
+    log.write(("$ " + " ".join(cmd) + "\n").encode())
+    log.flush()
+    proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+      while True:
+        left = deadline - time.monotonic()
+        try:
+          return proc.wait(timeout=max(0.0, min(left, poll_s) if stop else left))
+        except subprocess.TimeoutExpired:
+          if time.monotonic() >= deadline:
+            return "timeout"
+          if stop is not None and stop():
+            return "stopped"
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()

@@ -32,9 +32,9 @@ import sys
 
 import pytest
 
-from tests.sharding.spawn import format_logs, free_port, process_env, run_processes
+from tests.sharding.spawn import (TINY_RL_BINDINGS, format_logs, free_port, one_and_two,
+                                  process_env, run_processes, writes)
 
-AUDIT = pathlib.Path(__file__).parent / "audit"
 TIMEOUT_S = 300  # per run; generous for 2 shared cores
 STEPS = 2
 EXACT = ("reward", "correct", "length_mean")
@@ -45,14 +45,8 @@ STEP_LINE = re.compile(r"^\[train\] process (\d+) step (\d+): (\{.*\})$", re.M)
 
 
 def _argv(workdir: pathlib.Path, cache: pathlib.Path) -> list:
-  bindings = [
-      f"train.steps = {STEPS}", "train.checkpoint_every = 2",
-      "run.warm_start = False", "ModelConfig.num_layers = 2",
-      "RewardComposer.parts = {'correct': 1.0, 'partial': 1.0, 'length': 1.0}",
-      "RewardComposer.components = [@LengthPenalty()]",
-      "LengthPenalty.target = 2", "LengthPenalty.scale = 8.0",
-      "EvalConfig.max_new_tokens = 8", "EvalConfig.num_test = 0",
-      f"make_tokenizer.cache_dir = '{cache}'"]
+  bindings = [f"train.steps = {STEPS}", "train.checkpoint_every = 2", *TINY_RL_BINDINGS,
+              f"make_tokenizer.cache_dir = '{cache}'"]
   return [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math_train.gin",
           "--gin_file=gin/tiny.gin", "--gin_file=gin/mesh/data.gin",
           f"--workdir={workdir}", *[f"--gin_bindings={b}" for b in bindings]]
@@ -64,40 +58,17 @@ def _train_rows(workdir: pathlib.Path) -> list:
   return [r for r in rows if "reward" in r]
 
 
-def _writes(log: pathlib.Path, workdir: pathlib.Path) -> set:
-  """Paths inside `workdir` that one process wrote (relative)."""
-  out = set()
-  for line in log.read_text().splitlines() if log.exists() else []:
-    _, path = line.split("\t", 1)
-    p = pathlib.Path(path)
-    if p.is_relative_to(workdir):
-      out.add(p.relative_to(workdir))
-  return out
-
-
 @pytest.mark.slow
 def test_train_two_processes_match_one(tmp_path):
   cache = tmp_path / "tokenizers"
   one, two = tmp_path / "one", tmp_path / "two"
-  (tmp_path / "logs1").mkdir()
-  (tmp_path / "logs2").mkdir()
-
-  codes, logs = run_processes(_argv(one, cache), [process_env(4)], tmp_path / "logs1",
-                              TIMEOUT_S)
-  assert codes == [0], format_logs(codes, logs)
+  logs = one_and_two(lambda workdir: _argv(workdir, cache), tmp_path, TIMEOUT_S)
   single = _train_rows(one)
-
-  port = free_port()
-  envs = [process_env(2, port=port, process_id=i, num_processes=2, pythonpath=[AUDIT],
-                      extra={"EVO_AUDIT_LOG": str(tmp_path / f"writes{i}.txt")})
-          for i in range(2)]
-  codes, logs = run_processes(_argv(two, cache), envs, tmp_path / "logs2", TIMEOUT_S)
-  assert codes == [0, 0], format_logs(codes, logs)
 
   # Both processes logged every step, the same figures bit for bit.
   printed = [{int(s): json.loads(d) for p, s, d in STEP_LINE.findall(log) if int(p) == i}
              for i, log in enumerate(logs)]
-  assert sorted(printed[0]) == list(range(1, STEPS + 1)), format_logs(codes, logs)
+  assert sorted(printed[0]) == list(range(1, STEPS + 1)), format_logs([0, 0], logs)
   assert printed[0] == printed[1]
 
   # Process 0's metrics.jsonl holds each step once, as printed.
@@ -120,8 +91,8 @@ def test_train_two_processes_match_one(tmp_path):
   assert all(r["harness/dead_group_ratio/raw"] < 1.0 for r in single)
 
   # Only process 0 wrote the run's files; process 1 only its part of the checkpoints.
-  w0 = _writes(tmp_path / "writes0.txt", two)
-  w1 = _writes(tmp_path / "writes1.txt", two)
+  w0 = writes(tmp_path / "writes0.txt", two)
+  w1 = writes(tmp_path / "writes1.txt", two)
   for name in ("metrics.jsonl", "summary.json", "operative_config.gin"):
     assert any(p.name == name for p in w0), (name, sorted(map(str, w0)))
   assert any(p.suffix == ".parquet" for p in w0), sorted(map(str, w0))
@@ -131,15 +102,17 @@ def test_train_two_processes_match_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_evolve_is_refused_across_processes(tmp_path):
+def test_sweep_is_refused_across_processes(tmp_path):
+  """`evolve` runs across processes (tests/evolution/test_pod.py); a sweep does not yet."""
   port = free_port()
   envs = [process_env(1, port=port, process_id=i, num_processes=2) for i in range(2)]
   argv = [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
-          "--gin_file=gin/tiny.gin", f"--workdir={tmp_path / 'evo'}"]
+          "--gin_file=gin/tiny.gin", "--gin_bindings=run.mode = 'sweep'",
+          f"--workdir={tmp_path / 'sweep'}"]
   codes, logs = run_processes(argv, envs, tmp_path, TIMEOUT_S)
   assert codes == [2, 2], format_logs(codes, logs)
   for log in logs:
     errors = [line for line in log.splitlines() if line.startswith("error (")]
     assert len(errors) == 1 and errors[0].startswith(
-        "error (config): run.mode='evolve' runs as one process"), log
-  assert not (tmp_path / "evo" / "ledger.sqlite").exists()
+        "error (config): run.mode='sweep' runs as one process"), log
+  assert not (tmp_path / "sweep" / "ledger.sqlite").exists()

@@ -2,9 +2,11 @@
 
 Put this directory first on PYTHONPATH and set EVO_AUDIT_LOG=path; Python imports
 `sitecustomize` at start-up, and an audit hook (PEP 578) appends one line per event,
-`<event>\t<path>`, for `open` in a writing mode, `os.rename`/`os.replace`, `os.link`
-and `os.remove`. Native writers (pyarrow, tensorstore) are seen only through the
-Python-level rename/link that publishes their output, which is what a reader sees.
+`<event>\t<path>`, for `open` in a writing mode, `os.rename`/`os.replace`, `os.link`,
+`os.remove` and `sqlite3.connect` (SQLite writes natively: opening a database, e.g. a
+ledger, counts as writing it). Native writers (pyarrow, tensorstore) are seen only
+through the Python-level rename/link that publishes their output, which is what a
+reader sees.
 """
 
 import os
@@ -24,7 +26,7 @@ if _PATH:
       paths = [path] if writing else []
     elif event in ("os.rename", "os.link"):
       paths = [args[1]]
-    elif event == "os.remove":
+    elif event in ("os.remove", "sqlite3.connect"):
       paths = [args[0]]
     else:
       return
