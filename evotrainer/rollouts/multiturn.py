@@ -157,6 +157,12 @@ class MultiTurnRollout:
       if not callable(getattr(task, name, None)):
         raise TypeError(f"{type(task).__name__} declares multi_turn but has no {name}() "
                         "(see tasks.base.MultiTurnTask)")
+    env_turns = getattr(task, "max_turns", None)
+    if env_turns is not None and env_turns != budget.max_turns:
+      raise ValueError(
+          f"{type(task).__name__}.max_turns={env_turns} (the environment's own turn "
+          f"budget) differs from TurnBudget.max_turns={budget.max_turns}: bind both to one "
+          f"value (gin: a macro, as gin/swe_train.gin's MAX_TURNS)")
     self.task = task
     self.tok = tokenizer
     self.sampler = sampler

@@ -254,6 +254,14 @@ def test_rollout_for_picks_the_engine(sampler):
     TurnBudget(max_context=8, max_tokens_per_turn=8)
 
 
+def test_the_env_turn_budget_must_equal_the_engine_s(sampler):
+  task = EchoTask()
+  task.max_turns = 4  # the environment's own budget, as SweDomain carries Budget's
+  with pytest.raises(ValueError, match=r"max_turns=4 .*TurnBudget.max_turns=3"):
+    MultiTurnRollout(task, TOK, sampler, budget=TurnBudget(max_turns=3))
+  assert MultiTurnRollout(task, TOK, sampler, budget=TurnBudget(max_turns=4)).budget.max_turns == 4
+
+
 @pytest.mark.slow
 def test_train_two_steps_on_the_toy_task(tmp_path):
   from evotrainer.learner.step import Learner

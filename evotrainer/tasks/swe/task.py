@@ -283,6 +283,7 @@ class SweDomain:
                        "max_output_chars must be positive")
     self.tool_config = tool_config or tools_lib.ToolConfig(max_output_chars=max_output_chars)
     self.budget = budget or Budget()
+    self.max_turns = self.budget.max_turns  # checked against TurnBudget.max_turns
     self.checkout_options = dict(checkout_options or {})
     self.difficulties = tuple(difficulties)
     self._own_suite = suite is None
