@@ -152,21 +152,24 @@ class _PaddedEnv(EchoEnv):
     return super().step(text) + "." * self.obs_chars
 
 
-def _time_engine(rollout, params, problems, sp, repeats: int) -> tuple:
-  """One warm-up call (compiles every width), then (best of `repeats` seconds, the last
-  Generation)."""
-  rollout(params, problems, 1, jax.random.key(0), sp)
-  best, gen = float("inf"), None
+def _time_engines(rollouts: list, params, problems, sp, repeats: int) -> list:
+  """One warm-up call each (compiles every width), then each engine's best of `repeats`
+  timed calls, the engines alternating (a load change on a shared machine hits both):
+  [(seconds, the last Generation)] per engine."""
+  for rollout in rollouts:
+    rollout(params, problems, 1, jax.random.key(0), sp)
+  best, gens = [float("inf")] * len(rollouts), [None] * len(rollouts)
   for r in range(repeats):
-    t = time.perf_counter()
-    gen = rollout(params, problems, 1, jax.random.key(r + 1), sp)
-    best = min(best, time.perf_counter() - t)
-  return best, gen
+    for j, rollout in enumerate(rollouts):
+      t = time.perf_counter()
+      gens[j] = rollout(params, problems, 1, jax.random.key(r + 1), sp)
+      best[j] = min(best[j], time.perf_counter() - t)
+  return list(zip(best, gens))
 
 
 def measure(batch: int, turns: int, tokens_per_turn: int, max_context: int,
             repeats: int = 2, hidden: int = 32, layers: int = 2, obs_chars: int = 0) -> dict:
-  """Both engines on the same keys: (best of `repeats` timed calls each)."""
+  """Both engines on the same keys (best of `repeats` timed calls each, alternating)."""
   tok = CharTokenizer()
   model = tiny_model(hidden=hidden, layers=layers, max_positions=max_context)
   sampler = Sampler(model, pad_id=tok.pad_id)
@@ -176,10 +179,10 @@ def measure(batch: int, turns: int, tokens_per_turn: int, max_context: int,
   params = nnx.state(model)
   problems = task.train_problems(batch, seed=0)
   sp = SamplingParams(temperature=1.0)
-  kv_s, kv_gen = _time_engine(MultiTurnRollout(task, tok, sampler, budget=budget),
-                              params, problems, sp, repeats)
   rollout = MultiTurnRollout(task, tok, sampler, budget=budget, kv_continuation=False)
-  best, gen = _time_engine(rollout, params, problems, sp, repeats)
+  (kv_s, kv_gen), (best, gen) = _time_engines(
+      [MultiTurnRollout(task, tok, sampler, budget=budget), rollout], params, problems, sp,
+      repeats)
   same = bool(np.array_equal(kv_gen.tokens, gen.tokens))
   model_tokens = int(gen.loss_mask.sum())
   # The sampler alone at the contexts this run sampled, turn by turn: a whole turn
