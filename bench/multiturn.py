@@ -1,21 +1,22 @@
-r"""Multi-turn rollout engine throughput: tokens/s and the prefill vs decode time share.
+r"""Multi-turn rollout engine throughput: KV-cache continuation vs re-prefill per turn.
 
     python bench/multiturn.py --batch 16 64 --turns 4 --json multiturn.json
 
-The engine (`evotrainer/rollouts/multiturn.py`) re-prefills every episode's whole
-context (prompt + trajectory so far) at each turn. This bench runs it on the tiny
-from-scratch model on the CPU with a toy echo environment (`EchoTask`: the observation
-is a short digest of the turn, no tools), every episode taking exactly `--turns` turns.
-It then replays the sampler alone on the same per-turn contexts: a whole turn
-(`--tokens_per_turn` tokens) and a 1-token turn (prefill + first token, no decode loop).
-`prefill_share` = 1-token time / whole-turn time is the share of the sampler's time
-spent re-reading contexts; KV-cache continuation would save at most that (it still
-prefills each new observation).
+The engine (`evotrainer/rollouts/multiturn.py`) runs on the tiny from-scratch model on
+the CPU with a toy echo environment (`EchoTask`: the observation is a short digest of the
+turn plus `--obs_chars` filler characters, no tools), every episode taking exactly
+`--turns` turns, twice on the same keys (so on the same tokens): continuing each turn from
+the previous turn's KV cache (`kv_continuation=True`, the default) and re-prefilling every
+context every turn (`kv_continuation=False`). It then replays the sampler alone on the
+same per-turn contexts: a whole turn (`--tokens_per_turn` tokens) and a 1-token turn
+(prefill + first token, no decode loop). `prefill_share` = 1-token time / whole-turn
+time is the share of the re-prefilling sampler's time spent re-reading contexts.
 
 Reported per batch size: model tokens/s (sampled ids) and trajectory tokens/s (sampled +
-observation ids) over the engine's wall time (best of `--repeats`), the sampler replay
-times, `prefill_share`, and the sampler's share of the engine's wall time (the rest is
-host work: decoding, env threads, encoding, padding).
+observation ids) over each engine's wall time (best of `--repeats`), the speedup of
+continuation, the sampler replay times, `prefill_share`, and the sampler's share of the
+re-prefilling engine's wall time (the rest is host work: decoding, env threads, encoding,
+padding).
 """
 
 from __future__ import annotations
@@ -139,25 +140,50 @@ def tiny_model(seed: int = 0, hidden: int = 32, layers: int = 2,
   return Transformer(tiny_config(hidden, layers, max_positions), rngs=nnx.Rngs(seed))
 
 
+class _PaddedEnv(EchoEnv):
+  """An `EchoEnv` whose observations carry `obs_chars` filler characters more (a long
+  tool output)."""
+
+  def __init__(self, obs_chars: int, **kw):
+    super().__init__(**kw)
+    self.obs_chars = obs_chars
+
+  def step(self, text: str) -> str:
+    return super().step(text) + "." * self.obs_chars
+
+
+def _time_engines(rollouts: list, params, problems, sp, repeats: int) -> list:
+  """One warm-up call each (compiles every width), then each engine's best of `repeats`
+  timed calls, the engines alternating (a load change on a shared machine hits both):
+  [(seconds, the last Generation)] per engine."""
+  for rollout in rollouts:
+    rollout(params, problems, 1, jax.random.key(0), sp)
+  best, gens = [float("inf")] * len(rollouts), [None] * len(rollouts)
+  for r in range(repeats):
+    for j, rollout in enumerate(rollouts):
+      t = time.perf_counter()
+      gens[j] = rollout(params, problems, 1, jax.random.key(r + 1), sp)
+      best[j] = min(best[j], time.perf_counter() - t)
+  return list(zip(best, gens))
+
+
 def measure(batch: int, turns: int, tokens_per_turn: int, max_context: int,
-            repeats: int = 2, hidden: int = 32, layers: int = 2) -> dict:
-  """One warm-up call (compiles), then the best of `repeats` timed calls."""
+            repeats: int = 2, hidden: int = 32, layers: int = 2, obs_chars: int = 0) -> dict:
+  """Both engines on the same keys (best of `repeats` timed calls each, alternating)."""
   tok = CharTokenizer()
   model = tiny_model(hidden=hidden, layers=layers, max_positions=max_context)
   sampler = Sampler(model, pad_id=tok.pad_id)
-  task = EchoTask(lambda p: EchoEnv(submit_at=turns, submit_char=None))  # `turns` turns
+  task = EchoTask(lambda p: _PaddedEnv(obs_chars, submit_at=turns, submit_char=None))
   budget = TurnBudget(max_turns=turns, max_context=max_context,
                       max_tokens_per_turn=tokens_per_turn)
-  rollout = MultiTurnRollout(task, tok, sampler, budget=budget)
   params = nnx.state(model)
   problems = task.train_problems(batch, seed=0)
   sp = SamplingParams(temperature=1.0)
-  rollout(params, problems, 1, jax.random.key(0), sp)  # compile every width
-  best, gen = float("inf"), None
-  for r in range(repeats):
-    t = time.perf_counter()
-    gen = rollout(params, problems, 1, jax.random.key(r + 1), sp)
-    best = min(best, time.perf_counter() - t)
+  rollout = MultiTurnRollout(task, tok, sampler, budget=budget, kv_continuation=False)
+  (kv_s, kv_gen), (best, gen) = _time_engines(
+      [MultiTurnRollout(task, tok, sampler, budget=budget), rollout], params, problems, sp,
+      repeats)
+  same = bool(np.array_equal(kv_gen.tokens, gen.tokens))
   model_tokens = int(gen.loss_mask.sum())
   # The sampler alone at the contexts this run sampled, turn by turn: a whole turn
   # (`tokens_per_turn` tokens, no stop ids) and a 1-token turn (the prefill and the
@@ -166,7 +192,14 @@ def measure(batch: int, turns: int, tokens_per_turn: int, max_context: int,
   turn_s = _probe(sampler, params, contexts, tokens_per_turn, rollout.buckets, repeats)
   prefill_s = _probe(sampler, params, contexts, 1, rollout.buckets, repeats)
   return {"batch": batch, "turns": turns, "tokens_per_turn": tokens_per_turn,
-          "hidden": hidden, "layers": layers, "wall_s": round(best, 4),
+          "obs_chars": obs_chars, "hidden": hidden, "layers": layers,
+          "mean_context_tokens": round(float(np.mean(gen.prompt_lengths + gen.lengths)), 1),
+          "same_tokens": same,
+          "continuation": {"wall_s": round(kv_s, 4),
+                           "model_tokens_per_s": round(model_tokens / kv_s, 1),
+                           "trajectory_tokens_per_s": round(int(gen.lengths.sum()) / kv_s, 1)},
+          "speedup_continuation": round(best / kv_s, 3),
+          "wall_s": round(best, 4),
           "model_tokens": model_tokens, "trajectory_tokens": int(gen.lengths.sum()),
           "model_tokens_per_s": round(model_tokens / best, 1),
           "trajectory_tokens_per_s": round(int(gen.lengths.sum()) / best, 1),
@@ -212,14 +245,17 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
   ap.add_argument("--turns", type=int, default=4)
   ap.add_argument("--tokens_per_turn", type=int, default=32)
   ap.add_argument("--max_context", type=int, default=256)
+  ap.add_argument("--obs_chars", type=int, default=0,
+                  help="filler characters added to every observation (long tool output)")
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--hidden", type=int, default=32, help="model width (tiny: 32)")
   ap.add_argument("--layers", type=int, default=2, help="decoder layers (tiny: 2)")
   ap.add_argument("--json", default=None, help="write the JSON here too")
   args = ap.parse_args(argv)
   rows = [measure(b, args.turns, args.tokens_per_turn, args.max_context, args.repeats,
-                  args.hidden, args.layers) for b in args.batch]
-  payload = {"bench": "multiturn", "machine": machine(), "mode": "re-prefill per turn",
+                  args.hidden, args.layers, args.obs_chars) for b in args.batch]
+  payload = {"bench": "multiturn", "machine": machine(),
+             "mode": "KV continuation vs re-prefill per turn (the unprefixed figures)",
              "results": rows}
   write_json(args.json, payload)
   return payload

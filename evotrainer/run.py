@@ -218,6 +218,8 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   train_problems = task.train_problems(tokenizer_texts, 0)
   texts = [task.format_prompt(p) + " " + p.solution for p in train_problems]
   model, tok = policy(texts, mesh, LEARNER_RULES)
+  if hasattr(task, "use_tokenizer"):  # a multi-turn task renders in the tokenizer's layout
+    task.use_tokenizer(tok)
   c = model.config
   if is_multiprocess():  # each host trained or read its tokenizer: one vocabulary for all
     from evotrainer.workdir import tokenizer_digest

@@ -149,7 +149,7 @@ _SP_OPTIONS = dict(
 # Bumped when the way a model is trained changes, so old cache entries are not reused.
 _SP_CACHE_FORMAT = 1
 
-_SP_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
+_SP_ROLES = {"system": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
 
 
 def _sp_cache_key(texts: Sequence[str], options: dict) -> str:

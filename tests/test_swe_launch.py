@@ -59,7 +59,7 @@ def test_launch_swe_train_end_to_end_on_the_toy_library(tmp_path):
       f"SweDomain.trees = {{'toylib': '{tree}'}}", "SweDomain.max_tasks = 8",
       "SweDomain.max_candidates = 16", "SweDomain.fractions = (0.5, 0.25, 0.25)",
       f"SweDomain.cache_dir = '{tmp_path}/swe'",
-      "TurnBudget.max_turns = 2", "TurnBudget.max_tokens_per_turn = 24",
+      "MAX_TURNS = 2", "TurnBudget.max_tokens_per_turn = 24",
       "TurnBudget.max_context = 384", "ModelConfig.max_position_embeddings = 384",
       f"make_tokenizer.cache_dir = '{tmp_path}/tok'",
       f"warm_start.cache_dir = '{tmp_path}/ws'", "warm_start.batch_size = 4"]

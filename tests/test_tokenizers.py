@@ -107,8 +107,10 @@ def test_sentencepiece_chat_template(sp_tok):
       "Assistant:")
   assert sp_tok.apply_chat_template(messages[:2], add_generation_prompt=False) == (
       "System: Be brief.\nUser: What is 12 + 7?\n")
+  assert sp_tok.apply_chat_template([{"role": "tool", "content": "3 passed"}]) == (
+      "Tool: 3 passed\nAssistant:")
   with pytest.raises(ValueError, match=r"messages\[0\]\['role'\]"):
-    sp_tok.apply_chat_template([{"role": "tool", "content": "x"}])
+    sp_tok.apply_chat_template([{"role": "robot", "content": "x"}])
 
 
 def test_sentencepiece_cache_reuses_model(tmp_path, counted_training):

@@ -10,8 +10,12 @@ The turn loop, until every episode stopped:
      1-token filler, sampled and discarded) whose width is a bucket below the context
      limit, so the sampler compiles one program per bucket at most; each row samples at
      most `TurnBudget.max_tokens_per_turn` tokens, ending at the tokenizer's stop ids.
-     The context is re-prefilled every turn (no KV-cache continuation; bench/multiturn.py
-     measures the prefill share it would save);
+     With `kv_continuation` (the default) a turn after the first continues from the
+     previous turn's KV cache: each row's cached context moves to its new left-padded
+     place (`sampling.sampler.Prefix`) and only the last M tokens of every context are
+     prefilled (M: the bucket of the longest new part, the previous turn's last sampled
+     id plus the observation); without it the whole context is re-prefilled every turn
+     (bench/multiturn.py measures both);
   2. the sampled ids are appended to the trajectory exactly as sampled (token in, token
      out: never re-tokenized), with their sampler log-probs and loss mask 1;
   3. `env.step(decoded turn text)` runs for every such episode at once, each on its own
@@ -52,7 +56,8 @@ import numpy as np
 from evotrainer.rollouts.generation import Generation, cut_at_stop
 from evotrainer.rollouts.single_turn import Rollout
 from evotrainer.sampling import Sampler, SamplingParams, left_pad
-from evotrainer.sampling.sampler import DEFAULT_BUCKETS
+from evotrainer.sampling.sampler import DEFAULT_BUCKETS, Prefix, bucket_length
+from evotrainer.types import PromptBatch
 from evotrainer.sharding.multihost import broadcast_json, is_primary, to_host
 
 # Every stop reason of the SWE taxonomy (issue 13); each row's scores carry all of them.
@@ -133,6 +138,14 @@ class EpisodeTrack:
     return int(sum(self.mask))
 
 
+@dataclasses.dataclass
+class _Cached:
+  """A turn's KV cache and, per row, its left padding and the context tokens it holds."""
+  cache: object
+  pad: np.ndarray
+  fed: np.ndarray
+
+
 def context_buckets(cap: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> tuple:
   """The bucket widths below `cap`, then `cap` itself: widths never exceed the cap, and
   a run compiles one program per bucket at most."""
@@ -149,19 +162,28 @@ class MultiTurnRollout:
     sampler: the compiled sampler.
     sampler_shardings: parameter shardings of the sampler (as `Rollout`'s).
     budget: the episode budgets (gin: `MultiTurnRollout.budget = @TurnBudget()`).
+    kv_continuation: continue each turn from the previous turn's KV cache (prefill only
+      the new tokens); False: re-prefill every context every turn (module docstring).
   """
 
   def __init__(self, task, tokenizer, sampler: Sampler, sampler_shardings=None,
-               budget: TurnBudget = TurnBudget()):
+               budget: TurnBudget = TurnBudget(), kv_continuation: bool = True):
     for name in ("start_episode", "format_observation", "finish_episodes"):
       if not callable(getattr(task, name, None)):
         raise TypeError(f"{type(task).__name__} declares multi_turn but has no {name}() "
                         "(see tasks.base.MultiTurnTask)")
+    env_turns = getattr(task, "max_turns", None)
+    if env_turns is not None and env_turns != budget.max_turns:
+      raise ValueError(
+          f"{type(task).__name__}.max_turns={env_turns} (the environment's own turn "
+          f"budget) differs from TurnBudget.max_turns={budget.max_turns}: bind both to one "
+          f"value (gin: a macro, as gin/swe_train.gin's MAX_TURNS)")
     self.task = task
     self.tok = tokenizer
     self.sampler = sampler
     self.sampler_shardings = sampler_shardings
     self.budget = budget
+    self.kv_continuation = kv_continuation
     # Prompt + trajectory tokens at most; every sampled context leaves room for a turn.
     self.context_limit = min(budget.max_context, sampler.config.max_position_embeddings)
     if self.context_limit <= budget.max_tokens_per_turn:
@@ -186,6 +208,7 @@ class MultiTurnRollout:
     tracks = [EpisodeTrack() for _ in rows]
     turn = dataclasses.replace(sampling, max_new_tokens=budget.max_tokens_per_turn)
     room = self.context_limit - budget.max_tokens_per_turn  # context before a turn
+    kv = None  # the previous turn's cache (`_Cached`), with kv_continuation
     for t in range(budget.max_turns):
       for i, tr in enumerate(tracks):
         if tr.stop is None and len(prompts[i]) + len(tr.ids) > room:
@@ -193,8 +216,9 @@ class MultiTurnRollout:
       live = [i for i, tr in enumerate(tracks) if tr.stop is None]
       if not live:
         break
-      texts = self._sample_turn(params, prompts, tracks, live, max(n, pad_rows_to or 0),
-                                jax.random.fold_in(key, t), turn)
+      texts, kv = self._sample_turn(params, prompts, tracks, live,
+                                    max(n, pad_rows_to or 0), jax.random.fold_in(key, t),
+                                    turn, kv)
       # Process 0 steps the environments (tools run under wall-clock limits, so hosts
       # could disagree) and sends every process the same observations and stops.
       results = broadcast_json(
@@ -210,17 +234,33 @@ class MultiTurnRollout:
     return self._generation(rows, prompts, tracks, finished["scores"], finished["infos"])
 
   def _sample_turn(self, params, prompts: list, tracks: list, live: list, b: int,
-                   key: jax.Array, turn: SamplingParams) -> dict:
+                   key: jax.Array, turn: SamplingParams, kv: Optional["_Cached"]
+                   ) -> tuple[dict, Optional["_Cached"]]:
     """Samples one turn for the `live` rows (a batch of `b` rows); appends the sampled
-    ids to their tracks and returns {row: decoded turn text}."""
+    ids to their tracks. Returns ({row: decoded turn text}, the cache to continue from)."""
     filler = [self.tok.pad_id]
     contexts = [filler] * b
     for i in live:
       contexts[i] = prompts[i] + tracks[i].ids
-    batch = left_pad(contexts, self.tok.pad_id, self.buckets)
+    lengths = np.array([len(c) for c in contexts], np.int32)
+    width = bucket_length(int(lengths.max()), self.buckets)
+    prefix = None
+    if kv is None:
+      batch = left_pad(contexts, self.tok.pad_id, self.buckets)
+    else:
+      # Rows keep their cached tokens; the last M of every context are prefilled (filler
+      # rows' single token too). Live rows were live last turn, so `kv.fed` covers them.
+      new = np.where(np.isin(np.arange(b), live), lengths - kv.fed, lengths)
+      m = min(bucket_length(int(new.max()), self.buckets), width)
+      chunk = left_pad([c[-m:] for c in contexts], self.tok.pad_id, (m,))
+      batch = PromptBatch(tokens=chunk.tokens, lengths=lengths)
+      prefix = Prefix(kv.cache, (width - lengths) - kv.pad, width)
     # Every process samples the same shapes and gathers the whole batch (a collective).
-    out = to_host(self.sampler(params, batch, key, stop_ids=self.tok.stop_ids,
-                               sampling=turn))
+    out = self.sampler(params, batch, key, stop_ids=self.tok.stop_ids, sampling=turn,
+                       prefix=prefix, return_cache=self.kv_continuation)
+    if self.kv_continuation:
+      out, cache = out
+    out = to_host(out)
     texts = {}
     for i in live:
       k = int(out.lengths[i])
@@ -232,7 +272,11 @@ class MultiTurnRollout:
       tr.mask += [True] * k
       texts[i] = self.tok.decode(cut_at_stop(ids, self.tok.stop_ids))
       tr.text += texts[i]
-    return texts
+    if not self.kv_continuation:
+      return texts, None
+    # Fed to the model: the context and every sampled id but the last.
+    return texts, _Cached(cache, pad=width - lengths,
+                          fed=lengths + np.asarray(out.lengths, np.int32) - 1)
 
   def _after_step(self, tr: EpisodeTrack, observation: Optional[str], stop: Optional[str],
                   error: Optional[str], prompt_len: int, turns: int) -> None:

@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from evotrainer.model.transformer import KVCache, Transformer, init_cache
+from evotrainer.model.transformer import (K_CACHE_AXES, V_CACHE_AXES, KVCache, Transformer,
+                                          init_cache)
 from evotrainer.sampling.strategies import select
 from evotrainer.sharding.rules import SAMPLER_RULES, Rules, constrain, use_rules
 from evotrainer.types import PromptBatch, Rollouts
@@ -94,23 +95,55 @@ def _is_stop(ids: jax.Array, stop_ids: jax.Array) -> jax.Array:
   return jnp.any(ids[:, None] == stop_ids, axis=-1)
 
 
+@dataclasses.dataclass(frozen=True)
+class Prefix:
+  """A continuation's cached context: the previous call's cache and where its rows go.
+
+  Attributes:
+    cache: the KVCache a previous call returned (`Sampler(..., return_cache=True)`).
+    shift: [B] int32: slot `s` of the new cache takes slot `s - shift[b]` of `cache`
+      (a row's cached tokens move to its new left-padded place).
+    width: P, the left-padded width of the whole new context (prompt bucket).
+  """
+  cache: KVCache
+  shift: np.ndarray
+  width: int
+
+
+def shift_cache(cache: KVCache, shift: jax.Array, length: int) -> KVCache:
+  """A cache of `length` slots whose slot s of row b holds slot `s - shift[b]` of
+  `cache` (slots that fall outside hold some other slot: callers mask or overwrite them)."""
+  src = jnp.clip(jnp.arange(length, dtype=jnp.int32)[None, :] - shift[:, None], 0,
+                 cache.length - 1)  # [B, S]
+  k = tuple(constrain(jnp.take_along_axis(x, src[:, None, None, :], axis=3), K_CACHE_AXES)
+            for x in cache.k)
+  v = tuple(constrain(jnp.take_along_axis(x, src[:, None, :, None], axis=2), V_CACHE_AXES)
+            for x in cache.v)
+  return KVCache(k=k, v=v)
+
+
 def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
            prompt_lengths: jax.Array, stop_ids: jax.Array, rng: jax.Array,
-           temperature: jax.Array, *, max_new_tokens: int, top_k: int, top_p: float,
-           greedy: bool, pad_id: int, rules: Optional[Rules] = SAMPLER_RULES,
-           vocab_limit: Optional[int] = None):
+           temperature: jax.Array, shift: Optional[jax.Array] = None, *,
+           max_new_tokens: int, top_k: int, top_p: float, greedy: bool, pad_id: int,
+           rules: Optional[Rules] = SAMPLER_RULES, vocab_limit: Optional[int] = None,
+           width: Optional[int] = None):
   """Generates up to `max_new_tokens` per row. Pure; jit it with the keywords static.
 
   Args:
     graphdef, params: `nnx.split(model)`.
-    cache: KVCache of [B, P + N] slots (contents irrelevant; donated).
-    prompt_tokens: [B, P] int32 left-padded prompts.
-    prompt_lengths: [B] int32.
+    cache: KVCache of [B, P + N] slots (contents irrelevant; donated); with `shift`, the
+      previous call's cache (its rows' cached context, moved by `shift`).
+    prompt_tokens: [B, P] int32 left-padded prompts; with `shift`, [B, M]: the last M
+      tokens of each row's context (left-padded), recomputed into the shifted cache.
+    prompt_lengths: [B] int32 (the whole context's, also with `shift`).
     stop_ids: [B, K] int32 stop ids per row, -1 for none.
     rng: PRNG key.
     temperature: [] float32.
+    shift: None, or [B] int32 (`Prefix.shift`): continue from `cache`'s cached context.
     vocab_limit: ids >= this are never sampled (a model vocabulary padded past the
       tokenizer's, as in Qwen checkpoints); log-probs are normalized over the rest.
+    width: with `shift`, P: the whole context's padded width (static).
 
   Returns:
     (Rollouts, the cache buffer for reuse).
@@ -126,20 +159,25 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
         logits = jnp.where(jnp.arange(v) < vocab_limit, logits, jnp.finfo(jnp.float32).min)
       return logits
 
-    b, p = prompt_tokens.shape
+    b, m = prompt_tokens.shape
     n = max_new_tokens
-    s = cache.length
+    p = m if shift is None else width
+    s = p + n
+    if shift is not None:
+      cache = shift_cache(cache, shift, s)
     pad = p - prompt_lengths  # [B] left padding per row
     slots = jnp.arange(s, dtype=jnp.int32)
 
-    # Prefill: attend within the prompt, fill cache slots [0, P).
-    prompt_slots = slots[:p]
-    valid = prompt_slots[None, :] >= pad[:, None]  # [B, P]
-    positions = jnp.maximum(prompt_slots[None, :] - pad[:, None], 0)
-    mask = (prompt_slots[None, None, :] <= prompt_slots[None, :, None]) & valid[:, None, :]
+    # Prefill: the chunk fills cache slots [P - M, P). A fresh prompt (M = P) attends
+    # within itself; a continuation's chunk attends over the whole (shifted) cache.
+    chunk_slots = slots[p - m:p]
+    keys = chunk_slots if shift is None else slots
+    positions = jnp.maximum(chunk_slots[None, :] - pad[:, None], 0)
+    mask = ((keys[None, None, :] <= chunk_slots[None, :, None])
+            & (keys[None, None, :] >= pad[:, None, None]))
     # The last layer's queries and MLP run on the last prompt slot only.
-    hidden, cache = model(prompt_tokens, positions, mask, cache=cache, cache_index=0,
-                          query_slice=(p - 1, p))
+    hidden, cache = model(prompt_tokens, positions, mask, cache=cache, cache_index=p - m,
+                          query_slice=(m - 1, m))
     logits = head(hidden)  # [B, V], last position only
     rng, key = jax.random.split(rng)
     first, first_logp = select(logits, key, temperature, top_k=top_k, top_p=top_p,
@@ -213,15 +251,17 @@ class Sampler:
     self.max_stop_ids = max_stop_ids
     self.vocab_limit = vocab_limit
     self._caches: dict = {}
-    self._fn = jax.jit(
-        functools.partial(sample, self.graphdef),
-        static_argnames=("max_new_tokens", "top_k", "top_p", "greedy", "pad_id", "rules",
-                         "vocab_limit"),
-        donate_argnums=(1,))
+    static = ("max_new_tokens", "top_k", "top_p", "greedy", "pad_id", "rules",
+              "vocab_limit", "width")
+    self._fn = jax.jit(functools.partial(sample, self.graphdef), static_argnames=static,
+                       donate_argnums=(1,))
+    # A continuation reads the previous call's cache into a new one of another length.
+    self._continue_fn = jax.jit(functools.partial(sample, self.graphdef),
+                                static_argnames=static)
 
   def compiled_programs(self) -> int:
     """Number of distinct programs compiled so far (for tests and logging)."""
-    return self._fn._cache_size()
+    return self._fn._cache_size() + self._continue_fn._cache_size()
 
   def _stop_array(self, stop_ids, b: int) -> np.ndarray:
     arr = np.asarray(stop_ids if stop_ids is not None else [], np.int32)
@@ -248,10 +288,21 @@ class Sampler:
     return cache
 
   def __call__(self, params, batch: PromptBatch, rng: jax.Array, *, stop_ids=None,
-               sampling: SamplingParams = SamplingParams()) -> Rollouts:
-    b, p = batch.tokens.shape
+               sampling: SamplingParams = SamplingParams(), prefix: Optional[Prefix] = None,
+               return_cache: bool = False):
+    """Samples a continuation of every row of `batch` (module docstring).
+
+    With `prefix`, `batch.tokens` holds only the last M tokens of each row's context
+    (left-padded) and `batch.lengths` the whole contexts' lengths (<= `prefix.width`): the
+    rest is read from `prefix.cache`, moved by `prefix.shift`. With `return_cache`, returns
+    (Rollouts, the call's cache) and keeps no buffer for reuse.
+    """
+    b, m = batch.tokens.shape
     if b == 0:
       raise ValueError("empty prompt batch")
+    p = m if prefix is None else prefix.width
+    if prefix is not None and not m <= p:
+      raise ValueError(f"continuation chunk of {m} tokens exceeds the context width {p}")
     s = p + sampling.max_new_tokens
     if s > self.config.max_position_embeddings:
       raise ValueError(
@@ -261,17 +312,26 @@ class Sampler:
       raise ValueError(f"prompt length {int(np.max(batch.lengths))} exceeds the padded "
                        f"width {p}")
     tokens, lengths = batch.tokens, batch.lengths
+    shift = None if prefix is None else np.asarray(prefix.shift, np.int32)
     if self.mesh is not None:
       from evotrainer.sharding.rules import named_sharding
-      row = named_sharding(self.mesh, ("batch", None), self.rules, (b, p))
+      row = named_sharding(self.mesh, ("batch", None), self.rules, (b, m))
       tokens = jax.device_put(np.asarray(tokens), row)
-      lengths = jax.device_put(np.asarray(lengths),
-                               named_sharding(self.mesh, ("batch",), self.rules, (b,)))
-    out, cache = self._fn(
-        params, self._cache(b, s), tokens, lengths, self._stop_array(stop_ids, b), rng,
-        jnp.float32(sampling.temperature), max_new_tokens=sampling.max_new_tokens,
+      per_row = named_sharding(self.mesh, ("batch",), self.rules, (b,))
+      lengths = jax.device_put(np.asarray(lengths), per_row)
+      shift = None if shift is None else jax.device_put(shift, per_row)
+    if prefix is None:
+      fn, cache = self._fn, self._cache(b, s)
+    else:
+      fn, cache = self._continue_fn, prefix.cache
+    out, cache = fn(
+        params, cache, tokens, lengths, self._stop_array(stop_ids, b), rng,
+        jnp.float32(sampling.temperature), shift, max_new_tokens=sampling.max_new_tokens,
         top_k=sampling.top_k, top_p=float(sampling.top_p), greedy=sampling.greedy,
-        pad_id=self.pad_id, rules=self.rules, vocab_limit=self.vocab_limit)
+        pad_id=self.pad_id, rules=self.rules, vocab_limit=self.vocab_limit,
+        width=None if prefix is None else p)
+    if return_cache:
+      return out, cache
     self._caches[(b, s)] = cache
     return out
 

@@ -25,6 +25,11 @@ def test_multiturn_bench_runs_and_its_figures_add_up(tmp_path):
   assert row["sampler_prefill_s"] > 0 and row["sampler_turn_s"] > 0
   share = row["sampler_prefill_s"] / row["sampler_turn_s"]  # both rounded to 0.1 ms
   assert row["prefill_share"] == pytest.approx(share, rel=0.05)
+  # Both engines sampled the same tokens (the same keys); the speedup is their ratio.
+  assert row["same_tokens"] is True
+  assert row["speedup_continuation"] == pytest.approx(
+      row["wall_s"] / row["continuation"]["wall_s"], rel=0.01)
   # Context widths are buckets below 40 - 4 = 36: (16, 32, 36), each compiled for the
-  # 4-token turns and for the 1-token prefill probe at most.
-  assert 1 <= row["sampler_programs"] <= 6
+  # 4-token turns and for the 1-token prefill probe at most; the continuation's second
+  # turn adds one (width, chunk) program per width at most.
+  assert 1 <= row["sampler_programs"] <= 9

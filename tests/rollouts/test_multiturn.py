@@ -35,10 +35,10 @@ def sampler(model):  # shared: every test reuses the compiled programs
 
 
 def _run(model, sampler, env_factory=None, budget=None, problems=2, group=2, key=0,
-         pad_rows_to=None, sampling=SP):
+         pad_rows_to=None, sampling=SP, kv_continuation=True):
   task = EchoTask(env_factory)
   rollout = MultiTurnRollout(task, TOK, sampler, budget=budget or TurnBudget(
-      max_turns=3, max_context=64, max_tokens_per_turn=8))
+      max_turns=3, max_context=64, max_tokens_per_turn=8), kv_continuation=kv_continuation)
   gen = rollout(nnx.state(model), task.train_problems(problems, seed=0), group,
                 jax.random.key(key), sampling, pad_rows_to=pad_rows_to)
   return task, rollout, gen
@@ -94,9 +94,11 @@ def test_token_in_token_out(model, sampler):
     assert ep.info["env_stop"] in (None, "submitted")  # EchoEnv.info() reached Episode.info
 
 
-def test_sampler_logprobs_match_a_teacher_forced_forward(model, sampler):
+@pytest.mark.parametrize("kv_continuation", [True, False])
+def test_sampler_logprobs_match_a_teacher_forced_forward(model, sampler, kv_continuation):
   _, _, gen = _run(model, sampler, budget=TurnBudget(max_turns=3, max_context=64,
-                                                     max_tokens_per_turn=8), key=5)
+                                                     max_tokens_per_turn=8), key=5,
+                   kv_continuation=kv_continuation)
   # Every row's prompt + trajectory, right-padded into one batch: one plain forward.
   seqs = [gen.prompt_tokens[i, -int(gen.prompt_lengths[i]):].tolist()
           + gen.tokens[i, :int(gen.lengths[i])].tolist() for i in range(len(gen.problems))]
@@ -111,12 +113,24 @@ def test_sampler_logprobs_match_a_teacher_forced_forward(model, sampler):
     p, n = int(gen.prompt_lengths[i]), int(gen.lengths[i])
     want = np.array([logp[i, p + j - 1, seq[p + j]] for j in range(n)])
     mask = gen.loss_mask[i, :n]
-    # float32 sampler (prefill + cached decode, re-prefilled each turn) vs a float64
+    # float32 sampler (prefill + cached decode; each turn continued from the cache or
+    # re-prefilled) vs a float64
     # log-softmax of one forward over the whole sequence
     np.testing.assert_allclose(gen.logprobs[i, :n][mask], want[mask], atol=1e-5)
     assert np.all(gen.logprobs[i, :n][~mask] == 0)
     checked += int(mask.sum()) * (len(gen.infos[i]["turn_spans"]) > 1)
   assert checked > 0  # tokens of later turns (after an observation) were compared
+
+
+def test_kv_continuation_samples_what_re_prefilling_samples(model, sampler):
+  budget = TurnBudget(max_turns=4, max_context=96, max_tokens_per_turn=8)
+  runs = [_run(model, sampler, budget=budget, problems=3, key=7, kv_continuation=c)[2]
+          for c in (True, False)]
+  a, b = runs
+  assert max(len(i["turn_spans"]) for i in a.infos) >= 3  # later turns were continued
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
+  np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
 
 
 def _SubmitAt(k):  # submits after exactly k turns, never on '!'
@@ -252,6 +266,14 @@ def test_rollout_for_picks_the_engine(sampler):
     MultiTurnRollout(type("T", (), {"multi_turn": True})(), TOK, sampler)
   with pytest.raises(ValueError, match="max_tokens_per_turn"):
     TurnBudget(max_context=8, max_tokens_per_turn=8)
+
+
+def test_the_env_turn_budget_must_equal_the_engine_s(sampler):
+  task = EchoTask()
+  task.max_turns = 4  # the environment's own budget, as SweDomain carries Budget's
+  with pytest.raises(ValueError, match=r"max_turns=4 .*TurnBudget.max_turns=3"):
+    MultiTurnRollout(task, TOK, sampler, budget=TurnBudget(max_turns=3))
+  assert MultiTurnRollout(task, TOK, sampler, budget=TurnBudget(max_turns=4)).budget.max_turns == 4
 
 
 @pytest.mark.slow

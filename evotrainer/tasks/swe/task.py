@@ -6,20 +6,21 @@ not resolve is dropped and counted), split train / validation / test by
 `splits.assign_splits`; synthesis and oracle transcripts are cached under `cache_dir`
 (`build_task_set`: changing a tool knob replays the oracle, not the synthesis).
 
-Chat format for from-scratch tokenizers (the layout of
-`SentencePieceTokenizer.apply_chat_template`, plus a `Tool` role for observations):
+Chat format (`tasks/chat.py`): for from-scratch tokenizers the plain layout (that of
+`SentencePieceTokenizer.apply_chat_template`, with its `Tool` role for observations):
 
     System: <SYSTEM: the tool syntax, one line per tool>
     User: <the issue text>
-    Assistant:<model turn 1, ended by eos>
+    Assistant: <model turn 1, ended by eos>
     Tool: <observation 1>
-    Assistant:<model turn 2, ended by eos>
+    Assistant: <model turn 2, ended by eos>
     ...
 
 `format_prompt` is the first three lines; `format_observation(obs)` is the text between
-a model turn's eos and the next model turn ("\\nTool: <obs>\\nAssistant:"). Hugging Face
-checkpoints: not wired; the task never sees the tokenizer, so its own chat template is
-not applied (the plain template above is used for every tokenizer).
+a model turn's eos and the next model turn ("\\nTool: <obs>\\nAssistant:"). With a Hugging
+Face tokenizer (`use_tokenizer`, called by the run once the policy's tokenizer exists),
+the same episode is rendered with the tokenizer's own chat template
+(`chat.ChatFormat.from_tokenizer`).
 
 Warm start: `Problem.solution` is the oracle's episode as text (each model turn followed
 by `format_observation` of its real observation; the submit turn last), and
@@ -51,6 +52,7 @@ from typing import Mapping, Optional, Sequence
 
 import gin
 
+from evotrainer.tasks import chat as chat_lib
 from evotrainer.tasks.base import Problem, normalize_prompt
 from evotrainer.tasks.swe import agents, mutate, records, repo as repo_lib, runner as runner_lib
 from evotrainer.tasks.swe import sources as sources_lib
@@ -67,8 +69,7 @@ SYSTEM = ("Fix the bug. Each turn: one call as a ```tool block holding "
           '{"tool": NAME, "args": {...}}. Tools: list_dir(path), read_file(path, start, '
           "end), grep(pattern, path), search_replace(path, search, replace), "
           "run_tests(tests), submit().")
-OBSERVATION = "\nTool: {observation}\nAssistant:"
-_OBSERVATION_BLOCK = re.compile(r"\nTool: .*?\nAssistant:", re.S)
+PLAIN = chat_lib.ChatFormat(SYSTEM)
 PART_KEYS = ("correct", "partial", "tamper", "tool_validity", "tested_before_submit",
              "format", "submitted")
 
@@ -77,14 +78,13 @@ gin.external_configurable(Budget, module="tasks.swe")
 
 
 def format_observation(observation: str) -> str:
-  """The text appended after a model turn (see the module docstring)."""
-  return OBSERVATION.format(observation=observation)
+  """The text appended after a model turn in the plain layout (module docstring)."""
+  return PLAIN.observation(observation)
 
 
 def split_turns(transcript: str) -> list[str]:
-  """The model turns of a transcript: the text between observation blocks (a text with
-  no block is one turn). The observations written in the text are not read."""
-  return _OBSERVATION_BLOCK.split(transcript)
+  """The model turns of a plain-layout transcript (`ChatFormat.split_turns`)."""
+  return PLAIN.split_turns(transcript)
 
 
 @dataclasses.dataclass
@@ -123,7 +123,7 @@ def oracle_transcript(task: records.SweTask, tree: pathlib.Path, test_dirs: Sequ
   episode = SweEpisode(tools_lib.Workspace(dest, suite, test_dirs, tool_config), budget)
   turns = []
   for text in agents.oracle_turns(task, context):
-    turn = " " + text  # the prompt ends with "Assistant:"; the turn brings its space
+    turn = PLAIN.turn(text)  # the prompt ends with "Assistant:"; the turn brings its space
     turns.append([turn, episode.step(turn)])
     if episode.done:
       break
@@ -283,6 +283,8 @@ class SweDomain:
                        "max_output_chars must be positive")
     self.tool_config = tool_config or tools_lib.ToolConfig(max_output_chars=max_output_chars)
     self.budget = budget or Budget()
+    self.max_turns = self.budget.max_turns  # checked against TurnBudget.max_turns
+    self.chat = PLAIN
     self.checkout_options = dict(checkout_options or {})
     self.difficulties = tuple(difficulties)
     self._own_suite = suite is None
@@ -322,12 +324,28 @@ class SweDomain:
   # ------------------------------------------------------------------ problems
 
   def _problem(self, task: records.SweTask) -> Problem:
-    turns = self.task_set.transcripts[task.instance_id]
-    solution = "".join(turn + (format_observation(obs) if i + 1 < len(turns) else "")
-                       for i, (turn, obs) in enumerate(turns))
-    return Problem(task.instance_id, task.problem_statement, "resolved", solution,
+    return Problem(task.instance_id, task.problem_statement, "resolved",
+                   "".join(text for text, _ in self._segments(task.instance_id)),
                    task.repo, DIFFICULTY_LEVEL[task.difficulty],
                    {"split": task.split, "difficulty": task.difficulty})
+
+  def _segments(self, instance_id: str) -> list[tuple[str, bool]]:
+    turns = self.task_set.transcripts[instance_id]
+    out = []
+    for i, (turn, obs) in enumerate(turns):
+      # The oracle's turns are cached in the plain layout (with its leading space).
+      out.append((self.chat.turn(turn.removeprefix(PLAIN.turn_prefix)), True))
+      if i + 1 < len(turns):
+        out.append((self.chat.observation(obs), False))
+    return out
+
+  def use_tokenizer(self, tokenizer) -> None:
+    """Renders episodes in `tokenizer`'s own chat template when it is a Hugging Face
+    tokenizer (`chat.for_tokenizer`); the plain layout otherwise. The oracle solutions
+    are re-rendered in that layout."""
+    self.chat = chat_lib.for_tokenizer(SYSTEM, tokenizer)
+    self.splits = {s: [dataclasses.replace(p, solution="".join(
+        t for t, _ in self._segments(p.id))) for p in ps] for s, ps in self.splits.items()}
 
   def train_problems(self, n: int, seed: int) -> list[Problem]:
     """`n` training tasks drawn with replacement by `seed` (deterministic)."""
@@ -346,21 +364,15 @@ class SweDomain:
     return list(held if n is None else held[:n])
 
   def format_prompt(self, problem: Problem) -> str:
-    return f"System: {SYSTEM}\nUser: {problem.prompt}\nAssistant:"
+    return self.chat.prompt(problem.prompt)
 
   def format_observation(self, observation: str) -> str:
-    return format_observation(observation)
+    return self.chat.observation(observation)
 
   def solution_segments(self, problem: Problem) -> list[tuple[str, bool]]:
     """The oracle episode as (text, trained) segments: model turns (trained; the warm
     start ends each with eos) and observations (masked)."""
-    turns = self.task_set.transcripts[problem.id]
-    out = []
-    for i, (turn, obs) in enumerate(turns):
-      out.append((turn, True))
-      if i + 1 < len(turns):
-        out.append((format_observation(obs), False))
-    return out
+    return self._segments(problem.id)
 
   def call_parses(self, turn: str) -> bool:
     """Whether a model turn's text holds one well-formed call of an offered tool
@@ -419,7 +431,7 @@ class SweDomain:
       for p, text in zip(problems, completions):
         env = self.start_episode(p)
         envs.append(env)
-        for turn in split_turns(text):
+        for turn in self.chat.split_turns(text):
           if env.done:
             break
           env.step(turn)
@@ -437,15 +449,14 @@ class SweDomain:
     fix ('wrong'), and a test-file edit that renames the failing tests away before
     submitting ('exploit': test changes are not graded, so it must earn nothing)."""
     task = self.records[problem.id]
-    submit = " " + tools_lib.call_text("submit")
+    submit = self.chat.turn(tools_lib.call_text("submit"))
     edits = []
     for test in task.FAIL_TO_PASS:
       path, _, name = test.partition("::")
       name = name.rsplit("::", 1)[-1].split("[", 1)[0]
-      edits.append(" " + tools_lib.call_text("search_replace", path=path,
-                                              search=f"def {name}(",
-                                              replace=f"def _skipped_{name}("))
-    exploit = "".join(e + format_observation("") for e in edits[:3]) + submit
+      edits.append(self.chat.turn(tools_lib.call_text(
+          "search_replace", path=path, search=f"def {name}(", replace=f"def _skipped_{name}(")))
+    exploit = "".join(e + self.chat.observation("") for e in edits[:3]) + submit
     return {"right": problem.solution, "wrong": submit, "exploit": exploit}
 
   def probe_completions(self, problems: Sequence[Problem]) -> list[tuple]:

@@ -61,6 +61,30 @@ def test_prompt_and_observation_format(domain):
   assert task_lib.split_turns("one turn") == ["one turn"]
 
 
+def test_a_hugging_face_tokenizer_renders_episodes_in_its_own_template(domain, tmp_path):
+  from evotrainer.tokenizers import HFTokenizer
+  from tests.test_tokenizers import save_hf
+  save_hf(tmp_path, pad=True)
+  tok = HFTokenizer.from_dir(str(tmp_path))
+  plain_solution = domain.splits["validation"][0].solution
+  domain.use_tokenizer(tok)
+  try:
+    p = domain.splits["validation"][0]
+    assert domain.format_prompt(p) == tok.apply_chat_template(
+        [{"role": "system", "content": task_lib.SYSTEM},
+         {"role": "user", "content": domain.records[p.id].problem_statement}])
+    assert domain.format_observation("ok") == "\n<|im_start|>tool\nok<|im_end|>\n<|im_start|>assistant\n"
+    segments = domain.solution_segments(p)
+    assert segments[0][1] is True and not segments[0][0].startswith(" ")
+    assert "<|im_start|>tool" in p.solution and "\nTool: " not in p.solution
+    # The oracle's episode in the template's layout still replays and resolves.
+    assert domain.score_many([p], [p.solution])[0]["correct"] == 1.0
+  finally:
+    domain.use_tokenizer(None)
+  assert domain.splits["validation"][0].solution == plain_solution
+  assert domain.format_observation("ok") == "\nTool: ok\nAssistant:"
+
+
 def test_oracle_episode_resolves_a_wrong_edit_does_not_and_checkouts_go(domain):
   p = domain.splits["validation"][0]
   m = domain.records[p.id].mutation
