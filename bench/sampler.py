@@ -4,9 +4,12 @@ r"""Sampler throughput: ours vs transformers `generate` on the same weights.
 
 Builds one tiny Llama (4 layers, d_model 256, 8 heads, 2 kv heads, vocab 8192) with
 torch, saves it in HF format, loads the same weights into our model, and generates 128
-new tokens (no early stop) for 64-token prompts at batch 16 and 64, greedy and
-temperature 1.0. Reports steady-state tokens/s (compile measured apart), the speedup, and
-the decode FLOP rate as a fraction of the f32 matmul peak measured in the same run.
+new tokens (no early stop) for 64-token prompts at batch 16 and 64 in four modes: greedy,
+temperature 1.0, top-k 50 and top-p 0.9 (both at temperature 1.0). Reports steady-state
+tokens/s (compile measured apart; median of `--repeats` timed calls each), the speedup
+over transformers measured in the same run, whether it meets the goal (GOALS: >= 3x at
+batch 16, >= 2x at batch 64), and the decode FLOP rate as a fraction of the f32 matmul
+peak measured in the same run.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ from evotrainer.model.hf import load_hf_checkpoint  # noqa: E402
 from evotrainer.sampling import Sampler, SamplingParams, left_pad  # noqa: E402
 
 VOCAB, HIDDEN, INTER, LAYERS, HEADS, KV = 8192, 256, 704, 4, 8, 2
+# Speedup over transformers `generate` that each batch size should reach, every mode.
+GOALS = {16: 3.0, 64: 2.0}
+# mode -> (greedy, top_k, top_p); temperature 1.0 when sampling.
+MODES = {"greedy": (True, 0, 1.0), "temperature_1.0": (False, 0, 1.0),
+         "top_k_50": (False, 50, 1.0), "top_p_0.9": (False, 0, 0.9)}
 
 
 def build_checkpoint(path: str) -> None:
@@ -41,19 +49,21 @@ def build_checkpoint(path: str) -> None:
   transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)
 
 
-def bench_transformers(path, prompts, new_tokens, greedy, repeats):
+def bench_transformers(path, prompts, new_tokens, mode, repeats):
   import torch
   import transformers
   torch.set_num_threads(os.cpu_count() or 1)
   model = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
   ids = torch.tensor(prompts)
   mask = torch.ones_like(ids)
+  greedy, top_k, top_p = MODES[mode]
 
   def go():
     with torch.no_grad():
       out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens,
                            min_new_tokens=new_tokens, do_sample=not greedy,
-                           temperature=1.0 if not greedy else None, top_k=0, top_p=1.0,
+                           temperature=1.0 if not greedy else None, top_k=top_k,
+                           top_p=top_p,
                            use_cache=True, pad_token_id=0, eos_token_id=None)
     assert out.shape[1] == ids.shape[1] + new_tokens
 
@@ -63,11 +73,13 @@ def bench_transformers(path, prompts, new_tokens, greedy, repeats):
   return median_time(go, repeats), first
 
 
-def bench_ours(model, prompts, new_tokens, greedy, repeats):
+def bench_ours(model, prompts, new_tokens, mode, repeats):
   sampler = Sampler(model, pad_id=0)
   batch = left_pad(prompts, 0)
   params = nnx.state(model)
-  sp = SamplingParams(max_new_tokens=new_tokens, greedy=greedy, temperature=1.0)
+  greedy, top_k, top_p = MODES[mode]
+  sp = SamplingParams(max_new_tokens=new_tokens, greedy=greedy, temperature=1.0,
+                      top_k=top_k, top_p=top_p)
   keys = iter(range(10**6))
 
   def go():
@@ -86,6 +98,7 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--json", help="write results here")
   ap.add_argument("--batches", default="16,64")
+  ap.add_argument("--modes", default=",".join(MODES), help=f"subset of {list(MODES)}")
   ap.add_argument("--prompt_len", type=int, default=64)
   ap.add_argument("--new_tokens", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=3)
@@ -102,26 +115,30 @@ def main():
     rng = np.random.default_rng(0)
     for b in map(int, args.batches.split(",")):
       prompts = rng.integers(1, VOCAB, size=(b, args.prompt_len)).tolist()
-      for greedy in (True, False):
-        ours_s, compile_s = bench_ours(model, prompts, args.new_tokens, greedy, args.repeats)
+      for mode in args.modes.split(","):
+        ours_s, compile_s = bench_ours(model, prompts, args.new_tokens, mode, args.repeats)
         n_tok = b * args.new_tokens
         # Decode FLOPs: each new token's forward at its context length.
         flops = b * sum(cfg.flops_per_token(args.prompt_len + t)
                         for t in range(args.new_tokens))
-        row = {"batch": b, "mode": "greedy" if greedy else "temperature_1.0",
+        row = {"batch": b, "mode": mode, "load_average_1min": round(os.getloadavg()[0], 1),
                "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
                "ours_tokens_per_s": round(n_tok / ours_s, 1),
                "ours_ms_per_step": round(1000 * ours_s / args.new_tokens, 2),
                "compile_s": round(compile_s, 2),
                "decode_flops_fraction_of_peak": round(flops / ours_s / 1e9 / peak, 3)}
         if not args.skip_transformers:
-          hf_s, _ = bench_transformers(d, prompts, args.new_tokens, greedy, args.repeats)
+          hf_s, _ = bench_transformers(d, prompts, args.new_tokens, mode, args.repeats)
           row["transformers_tokens_per_s"] = round(n_tok / hf_s, 1)
           row["transformers_ms_per_step"] = round(1000 * hf_s / args.new_tokens, 2)
           row["speedup"] = round(hf_s / ours_s, 2)
+          if b in GOALS:
+            row["goal_speedup"] = GOALS[b]
+            row["meets_goal"] = row["speedup"] >= GOALS[b]
         print(row, flush=True)
         rows.append(row)
   write_json(args.json, {"benchmark": "sampler", "peak_gflops_per_s": round(peak, 1),
+                         "goals_speedup_by_batch": GOALS, "load_average": os.getloadavg(),
                          "machine": machine(), "results": rows})
 
 

@@ -1,5 +1,7 @@
 """Sampler vs independent references: a naive re-run-everything loop and teacher forcing."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,6 +79,21 @@ def test_greedy_matches_naive_loop_and_stops(model, prompts):
     stopped += ref[-1] == stop
   assert stopped >= 1
   assert lengths[0] == free.index(stop) + 1 <= 5
+
+
+def test_greedy_matches_naive_loop_over_vocab_blocks(prompts):
+  # A vocabulary of three 128-token blocks: greedy's two-level argmax (first block
+  # holding the max, then the index in it) against the naive loop's jnp.argmax.
+  big = Transformer(dataclasses.replace(CFG, vocab_size=384), rngs=nnx.Rngs(2))
+  n = 10
+  out = Sampler(big, pad_id=PAD)(nnx.state(big), left_pad(prompts, PAD), jax.random.key(0),
+                                 sampling=SamplingParams(max_new_tokens=n, greedy=True))
+  for i, p in enumerate(prompts):
+    ref = naive_greedy(big, p, n, stop=())
+    np.testing.assert_array_equal(np.asarray(out.tokens)[i], ref)
+    np.testing.assert_allclose(np.asarray(out.logprobs)[i],
+                               teacher_forced_logprobs(big, p, ref), atol=1e-4)
+  assert np.asarray(out.tokens).max() >= 128  # ids beyond the first block were chosen
 
 
 def test_sampled_logprobs_equal_teacher_forcing(model, prompts):
