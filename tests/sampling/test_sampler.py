@@ -31,20 +31,30 @@ def prompts():
   return [list(map(int, rng.integers(1, CFG.vocab_size, size=n))) for n in (3, 9, 5, 12)]
 
 
-def naive_greedy(model, prompt, n, stop):
-  """Re-runs the full forward pass on the whole sequence for every new token.
+WIDTH = 32  # every reference sequence (prompt + completion) is right-padded to this
+_FORWARDS = {}
 
-  The sequence is right-padded to a fixed width (padding is causal-masked away), so the
-  reference compiles once.
-  """
-  width = len(prompt) + n
-  forward = jax.jit(lambda toks, valid: model.forward_logits(toks, valid))
+
+def _forward(model):
+  """One jitted full forward pass per model, over sequences right-padded to WIDTH (padding
+  is causal-masked away), so the references compile once per model, not per prompt."""
+  if id(model) not in _FORWARDS:
+    _FORWARDS[id(model)] = (model, jax.jit(lambda toks, valid: model.forward_logits(toks, valid)))
+  return _FORWARDS[id(model)][1]
+
+
+def _padded(seq):
+  assert len(seq) <= WIDTH, len(seq)
+  toks = np.zeros((1, WIDTH), np.int32)
+  toks[0, :len(seq)] = seq
+  return toks, np.arange(WIDTH)[None, :] < len(seq)
+
+
+def naive_greedy(model, prompt, n, stop):
+  """Re-runs the full forward pass on the whole sequence for every new token."""
   seq = list(prompt)
   for _ in range(n):
-    toks = np.zeros((1, width), np.int32)
-    toks[0, :len(seq)] = seq
-    valid = np.arange(width)[None, :] < len(seq)
-    nxt = int(jnp.argmax(forward(toks, valid)[0, len(seq) - 1]))
+    nxt = int(jnp.argmax(_forward(model)(*_padded(seq))[0, len(seq) - 1]))
     seq.append(nxt)
     if nxt in stop:
       break
@@ -52,9 +62,9 @@ def naive_greedy(model, prompt, n, stop):
 
 
 def teacher_forced_logprobs(model, prompt, completion):
-  seq = jnp.array([list(prompt) + list(completion)])
-  logp = jax.nn.log_softmax(model.forward_logits(seq)[0], axis=-1)
-  idx = np.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
+  seq = list(prompt) + list(completion)
+  logp = jax.nn.log_softmax(_forward(model)(*_padded(seq))[0], axis=-1)
+  idx = np.arange(len(prompt) - 1, len(seq) - 1)
   return np.asarray(logp[idx, np.asarray(completion)])
 
 
