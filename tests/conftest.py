@@ -18,6 +18,9 @@ import pytest  # noqa: E402
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "slow: end-to-end tests (still run in CI)")
+  # pytest-xdist's own marker (tests sharing a session cache run in one worker); also
+  # known when the suite runs without xdist.
+  config.addinivalue_line("markers", "xdist_group(name): run in the same xdist worker")
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +40,13 @@ def launch_caches(tmp_path_factory):
   """
   root = tmp_path_factory.mktemp("launch-caches")
   return [f"make_tokenizer.cache_dir = '{root}/tok'", f"warm_start.cache_dir = '{root}/ws'"]
+
+
+@pytest.fixture(scope="session")
+def solving_warm_start(launch_caches):
+  """`launch_caches` plus the main job's warm start (up to 1500 steps, stopping at 30% of
+  training problems solved) instead of tiny.gin's 20 steps: a root that solves problems,
+  so that a fault has something to break. The end-to-end tests that need one share the
+  cached warm start (and an xdist group, so that they run in one worker)."""
+  return [*launch_caches, "warm_start.steps = 1500", "warm_start.target_accuracy = 0.3"]
+

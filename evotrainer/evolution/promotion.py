@@ -93,8 +93,11 @@ class Promotion:
 
   @staticmethod
   def _validator_rejection(x: Mapping, ci: str) -> str:
+    """'rejected by validator A, B: <A's reason>; <B's reason> (ci)': every failed
+    validator is named, each with its own evidence."""
     names = ", ".join(v.validator for v in x["failed"])
-    return f"rejected by validator {names}: {x['failed'][0].reason} ({ci})"
+    reasons = "; ".join(v.reason for v in x["failed"])
+    return f"rejected by validator {names}: {reasons} ({ci})"
 
   def _against_control(self, x: dict, r: BranchResult, control: BranchResult, cid: str,
                        seed: int) -> None:

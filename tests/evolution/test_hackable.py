@@ -16,15 +16,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.mark.slow
-def test_gameable_reward_branch_is_rejected_by_a_validator(tmp_path):
+@pytest.mark.xdist_group("solving_warm_start")
+def test_gameable_reward_branch_is_rejected_by_a_validator(tmp_path, solving_warm_start):
   workdir = tmp_path / "hack"
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   bindings = [
       "evolve.generations = 1", "evolve.branches = 2", "evolve.branch_steps = 2",
-      # A policy that solves some problems, so that the proxy rewards differ.
-      "warm_start.steps = 1500", "warm_start.target_accuracy = 0.3",
       "EvalConfig.num_problems = 32", "EvalConfig.k = 4",
-      f"make_tokenizer.cache_dir = '{tmp_path}/tok'", f"warm_start.cache_dir = '{tmp_path}/ws'"]
+      # A policy that solves some problems, so that the proxy rewards differ.
+      *solving_warm_start]
   proc = subprocess.run(
       [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math_hackable.gin",
        "--gin_file=gin/tiny.gin", f"--workdir={workdir}",

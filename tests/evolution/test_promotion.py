@@ -477,3 +477,13 @@ def test_gate_power_against_the_test_split_by_hand(tmp_path):
   assert g["decided"] == 2 and g["truly_better"] == 2 and g["kept_truly_better"] == 1
   assert g["power"] == 0.5 and g["false_rejection_rate"] == 0.5
   assert g["false_acceptance_rate"] is None  # no branch that was not truly better
+
+
+def test_a_rejection_names_every_failed_validator_with_its_reason():
+  from evotrainer.evolution.promotion import Promotion
+  from evotrainer.harness.base import Verdict
+  failed = [Verdict("training_stability", False, 3.0, 1.0, "training_stability: fail, 3 drift"),
+            Verdict("canary_prompts", False, 0.0, 0.0, "canary_prompts: fail, -0.5 below")]
+  assert Promotion._validator_rejection({"failed": failed}, "avg8 -0.3") == (
+      "rejected by validator training_stability, canary_prompts: training_stability: fail, "
+      "3 drift; canary_prompts: fail, -0.5 below (avg8 -0.3)")
