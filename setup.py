@@ -40,8 +40,9 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     # torch is only the reference implementation for parity tests; this exact pin
     # resolves to the CPU wheel.
-    # hypothesis: the property-based suites over model text (tests/fuzz_text.py).
-    "test": ["torch==2.13.0", "pytest==9.2.0", "hypothesis==6.155.2"],
+    # hypothesis: the property-based suites over model text (tests/fuzz_text.py);
+    # pytest-xdist: the suite runs in two workers (pytest.ini).
+    "test": ["torch==2.13.0", "pytest==9.2.0", "pytest-xdist==3.8.0", "hypothesis==6.155.2"],
     # gs:// workdirs (evotrainer/paths.py): fsspec's GCS file system for epath, and the
     # client Orbax's GCS code calls. Resolved together with the pins above by pip; not
     # installed in the test environment (tests use tests/fake_gcs.py).

@@ -16,7 +16,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("solving_warm_start")
 def test_gameable_reward_branch_is_rejected_by_a_validator(tmp_path, solving_warm_start):
   workdir = tmp_path / "hack"
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")

@@ -59,7 +59,6 @@ def ends(values, window=5):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("solving_warm_start")
 def test_the_gates_fire_on_planted_faults_in_the_real_job(tmp_path, solving_warm_start):
   workdir = tmp_path / "evo"
   proc = launch(workdir, solving_warm_start)

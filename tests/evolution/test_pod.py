@@ -181,7 +181,7 @@ def test_a_follower_that_left_fails_the_branch(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ end to end
 
-TIMEOUT_S = 600  # per run; generous for 2 shared cores
+TIMEOUT_S = 1200  # per run; a hang guard, generous for 2 shared cores and 2 test workers
 RTOL = 1e-5
 
 

@@ -14,7 +14,7 @@ from tests.sharding import multihost_worker
 from tests.sharding.spawn import format_logs, free_port, process_env, run_processes
 
 NUM_PROCESSES = 2
-TIMEOUT_S = 300  # generous for 2 shared cores; a hang fails instead of blocking CI
+TIMEOUT_S = 600  # generous for 2 shared cores and 2 test workers; a hang fails instead of blocking CI
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ import pytest
 from tests.sharding.spawn import (TINY_RL_BINDINGS, format_logs, free_port, one_and_two,
                                   process_env, run_processes, writes)
 
-TIMEOUT_S = 300  # per run; generous for 2 shared cores
+TIMEOUT_S = 900  # per run; a hang guard, generous for 2 shared cores and 2 test workers
 STEPS = 2
 EXACT = ("reward", "correct", "length_mean")
 LEARNER = ("learner/loss", "learner/pg_loss", "learner/grad_norm", "learner/entropy",
