@@ -86,21 +86,17 @@ def _fail(kind: str, message: str) -> None:
   sys.exit(EXIT_KNOWN)
 
 
+def _gin_value(binding: str, default):
+  """The value gin binds to `binding`, `default` when none."""
+  import gin
+  try:
+    return gin.query_parameter(binding)
+  except ValueError:
+    return default
+
+
 def _mode() -> str:
-  import gin
-  try:
-    return gin.query_parameter("run.mode")
-  except ValueError:
-    return "train"  # run()'s default
-
-
-def _bound(binding: str) -> bool:
-  """The gin value of `binding` (False when it is not bound)."""
-  import gin
-  try:
-    return bool(gin.query_parameter(binding))
-  except ValueError:
-    return False
+  return _gin_value("run.mode", "train")  # run()'s default
 
 
 def _check_flags(mode: str, workdir: str) -> None:
@@ -122,7 +118,7 @@ def _check_flags(mode: str, workdir: str) -> None:
     _fail("config", f"run.mode='{mode}' needs a local --workdir, not {workdir}: a branch "
                     f"is the child of an evolution or sweep, which trains it in a local "
                     f"directory (a gs:// workdir's mirror) and uploads it")
-  if remote and mode in _CONTROLLER_MODES and _bound("evolve.human_gated"):
+  if remote and mode in _CONTROLLER_MODES and _gin_value("evolve.human_gated", False):
     _fail("config", f"evolve.human_gated = True needs a local --workdir, not {workdir}: "
                     f"its gates are files (gate.json, approve) in the workdir that a person "
                     f"or --approve writes; use a local workdir (or a gcsfuse mount)")

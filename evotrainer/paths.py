@@ -191,15 +191,20 @@ class Mirror:
     local = self.local(name)
     if not self.remote:
       return local.exists()
-    src = self.target(name)
-    if not src.exists():
+    if not self.target(name).exists():
       local.unlink(missing_ok=True)
       return False
+    self._download(name)
+    return True
+
+  def _download(self, name: str) -> None:
+    """Copies the workdir's `name` over the local one (whole, or not at all)."""
+    local = self.local(name)
+    local.parent.mkdir(parents=True, exist_ok=True)
     tmp = local.with_name(local.name + ".fetch")
-    tmp.write_bytes(src.read_bytes())
+    tmp.write_bytes(self.target(name).read_bytes())
     os.replace(tmp, local)
     self._pushed[str(local)] = _signature(local)
-    return True
 
   def pull(self, skip: Callable[[str], bool], replace: bool = False) -> int:
     """Copies down every file of the workdir that the mirror lacks, except those whose
@@ -221,19 +226,12 @@ class Mirror:
           self._pushed.pop(str(f), None)
         elif f.is_dir() and not any(f.iterdir()):
           f.rmdir()
-    copied = 0
-    for name in sorted(n for n in names if n and not skip(n)):
-      local = self.local(name)
-      if local.exists():
-        continue
-      local.parent.mkdir(parents=True, exist_ok=True)
-      tmp = local.with_name(local.name + ".fetch")
-      tmp.write_bytes(self.target(name).read_bytes())
-      os.replace(tmp, local)
-      self._pushed[str(local)] = _signature(local)
-      copied += 1
+    missing = sorted(n for n in names if n and not n.endswith("/") and not skip(n)
+                     and not self.local(n).exists())
+    for name in missing:
+      self._download(name)
     self._save_state()
-    return copied
+    return len(missing)
 
   def _save_state(self) -> None:
     if self._state is not None:
