@@ -102,8 +102,11 @@ def test_train_two_processes_match_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_sweep_is_refused_across_processes(tmp_path):
-  """`evolve` runs across processes (tests/evolution/test_pod.py); a sweep does not yet."""
+def test_a_sweep_across_processes_runs_its_driver_on_process_0(tmp_path):
+  """`sweep` runs across processes as `evolve` does (tests/evolution/test_pod.py, with
+  planted children): process 0 runs the driver, process 1 follows it. Here process 0
+  refuses a sweep without a sweep file before anything trains, and process 1 stops with
+  process 0's error (no training: the launcher's wiring only)."""
   port = free_port()
   envs = [process_env(1, port=port, process_id=i, num_processes=2) for i in range(2)]
   argv = [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
@@ -111,8 +114,9 @@ def test_sweep_is_refused_across_processes(tmp_path):
           f"--workdir={tmp_path / 'sweep'}"]
   codes, logs = run_processes(argv, envs, tmp_path, TIMEOUT_S)
   assert codes == [2, 2], format_logs(codes, logs)
-  for log in logs:
+  why = "run.mode='sweep' needs a sweep file: --sweep_file=PATH or sweep.file"
+  for i, log in enumerate(logs):
     errors = [line for line in log.splitlines() if line.startswith("error (")]
-    assert len(errors) == 1 and errors[0].startswith(
-        "error (config): run.mode='sweep' runs as one process"), log
+    expected = f"error (sweep): {'process 0 stopped the run: ' if i else ''}{why}"
+    assert len(errors) == 1 and errors[0].startswith(expected), format_logs(codes, logs)
   assert not (tmp_path / "sweep" / "ledger.sqlite").exists()
