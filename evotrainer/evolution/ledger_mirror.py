@@ -139,8 +139,9 @@ def _push(mirror: paths.Mirror) -> bool:
   try:
     mirror.push(*names, skip=_local_only)
   except Exception as e:  # pylint: disable=broad-except  (retried with the next commit)
-    log.warning("run files of %s: upload failed (%s); the mirror %s keeps them, the next "
-                "commit uploads them", mirror.workdir, e, mirror.dir)
+    log.warning("run files of %s: upload failed (%s); the mirror %s keeps them: the next "
+                "commit uploads them, or a relaunch of the same command on this host",
+                mirror.workdir, e, mirror.dir)
     return False
   return True
 
