@@ -199,3 +199,33 @@ def test_run_files_are_uploaded_before_the_ledger_and_fetched_on_another_host(en
   assert not (h1 / "versions/v9").exists()
   assert {k: v for k, v in _files(h1).items() if not k.startswith(("ledger", "mirror_"))} \
       == {k: v for k, v in _files(run).items() if k != "ledger.sqlite"}
+
+
+def test_a_failed_run_file_upload_holds_back_the_ledger(env, monkeypatch):
+  """The bucket's ledger never names a file the bucket lacks: while a run file cannot be
+  uploaded, the ledger is not uploaded either; the next commit uploads both."""
+  root, tmp = env
+  run = root / "b/run"
+  h1 = _host(tmp, "host1")
+  real = paths.write_atomic
+
+  def flaky(path, data):
+    if str(path).endswith("/w"):
+      raise OSError("network down")
+    real(path, data)
+
+  with open_ledger(URL, run_files=True) as ledger:
+    ledger.set_meta("x/a", 1)
+    before = (run / "ledger.sqlite").read_bytes()
+    (h1 / "versions/v0/model").mkdir(parents=True)
+    (h1 / "versions/v0/model/w").write_bytes(b"weights")
+    monkeypatch.setattr(paths, "write_atomic", flaky)
+    ledger.add_version("v0", checkpoint=str(h1 / "versions/v0/model"))
+    assert (run / "ledger.sqlite").read_bytes() == before  # held back with its file
+    assert not (run / "versions/v0/model/w").exists()
+    monkeypatch.setattr(paths, "write_atomic", real)
+    ledger.set_meta("x/b", 2)
+  assert (run / "versions/v0/model/w").read_bytes() == b"weights"
+  copy = tmp / "copy.sqlite"
+  copy.write_bytes((run / "ledger.sqlite").read_bytes())
+  assert _meta(copy, "x/b") == 2 and _meta(copy, "x/a") == 1
