@@ -6,11 +6,13 @@ Flags:
   --gin_search_paths    extra directories searched for gin files and includes.
   --import              Python modules to import first, so that their gin configurables
                         (a user's own reward part, diagnostic, ...) can be named in gin.
-  --workdir             run directory (default: runs/<name of the last gin file>); a gs://
-                        URL for train, sample and ledger modes (evotrainer/paths.py).
+  --workdir             run directory (default: runs/<name of the last gin file>); or a
+                        gs:// URL (evotrainer/paths.py) in every mode but `branch` (an
+                        evolution's controller works in its local mirror:
+                        evotrainer/evolution/ledger_mirror.py).
   --sweep_file          the sweep file of run.mode='sweep' (sets `sweep.file`).
   --resume_from         start from the ledger and skills of an earlier sweep or evolution
-                        workdir (sets `evolve.resume_from`).
+                        workdir, a local one (sets `evolve.resume_from`).
   --approve=GATE        with --workdir only: approve the gate GATE (diagnosis, design,
                         backtest, verification) a human-gated run is waiting at, and exit;
                         refused when another gate (or none) waits.
@@ -22,9 +24,10 @@ Flags:
                         VM pod set EVO_TPU_POD=1 and nothing else).
 
 Multi-process runs (several hosts, or local processes for a test): `train`, `branch`
-and `sample` run on all processes, process 0 writing the files. `evolve` runs one
-controller, process 0's, and trains each branch as a child on every process together
-(evotrainer/evolution/pod.py); `sweep` is refused (exit 2).
+and `sample` run on all processes, process 0 writing the files. `evolve` and `sweep` run
+one controller, process 0's, and train each branch as a child on every process together
+(evotrainer/evolution/pod.py); they need a workdir every host shares (a file system, not
+gs://: their branches' checkpoints are written by every process).
 
 Known failures (configuration, data, checkpoint, ledger, disk, permissions, memory,
 workdir lock or fingerprint) end with one line `error (<kind>): ...` and exit code 2.
@@ -66,7 +69,9 @@ flags.DEFINE_integer("num_processes", None, "multi-host process count.")
 flags.DEFINE_integer("process_id", None, "multi-host id of this process.")
 
 # Run modes that refuse a gs:// workdir (evotrainer/paths.py; README "Remote workdirs").
-_LOCAL_ONLY_MODES = ("evolve", "sweep", "branch")
+_LOCAL_ONLY_MODES = ("branch",)
+# Run modes whose controller works in the local mirror of a gs:// workdir.
+_CONTROLLER_MODES = ("evolve", "sweep")
 # Which flags each run mode reads; any other given flag is an error in that mode.
 _MODE_FLAGS = {"sweep": {"sweep_file", "resume_from", "new_segment"},
                "evolve": {"resume_from", "new_segment"},
@@ -81,12 +86,17 @@ def _fail(kind: str, message: str) -> None:
   sys.exit(EXIT_KNOWN)
 
 
-def _mode() -> str:
+def _gin_value(binding: str, default):
+  """The value gin binds to `binding`, `default` when none."""
   import gin
   try:
-    return gin.query_parameter("run.mode")
+    return gin.query_parameter(binding)
   except ValueError:
-    return "train"  # run()'s default
+    return default
+
+
+def _mode() -> str:
+  return _gin_value("run.mode", "train")  # run()'s default
 
 
 def _check_flags(mode: str, workdir: str) -> None:
@@ -99,22 +109,30 @@ def _check_flags(mode: str, workdir: str) -> None:
                     f"run.mode: --sweep_file is for 'sweep', --resume_from for 'evolve' "
                     f"and 'sweep')")
   from evotrainer import paths
-  if paths.is_remote(workdir) and mode in _LOCAL_ONLY_MODES:
-    _fail("config", f"run.mode='{mode}' needs a local --workdir (a shared file system or a "
-                    f"gcsfuse mount), not {workdir}: its controller, branch children, skills "
-                    f"and report read and write the workdir as local files. gs:// workdirs "
-                    f"serve run.mode='train', 'sample' and 'ledger'")
+  remote = paths.is_remote(workdir)
   try:
     paths.check(workdir)
   except paths.RemotePathError as e:
     _fail("config", f"--workdir={workdir}: {e}")
-  ledger = paths.as_path(workdir) / "ledger.sqlite"
-  if mode == "ledger" and not ledger.is_file():
-    _fail("config", f"run.mode='ledger': no ledger in {workdir} ({ledger} does not exist); "
+  if remote and mode in _LOCAL_ONLY_MODES:
+    _fail("config", f"run.mode='{mode}' needs a local --workdir, not {workdir}: a branch "
+                    f"is the child of an evolution or sweep, which trains it in a local "
+                    f"directory (a gs:// workdir's mirror) and uploads it")
+  if remote and mode in _CONTROLLER_MODES and _gin_value("evolve.human_gated", False):
+    _fail("config", f"evolve.human_gated = True needs a local --workdir, not {workdir}: "
+                    f"its gates are files (gate.json, approve) in the workdir that a person "
+                    f"or --approve writes; use a local workdir (or a gcsfuse mount)")
+  if FLAGS.resume_from and paths.is_remote(FLAGS.resume_from):
+    _fail("config", f"--resume_from={FLAGS.resume_from}: the workdir to start from must be "
+                    f"local (its ledger is copied and its checkpoints are read in place); "
+                    f"copy it down first (gsutil -m cp -r)")
+  from evotrainer.evolution.ledger_mirror import ledger_exists, open_ledger
+  if mode == "ledger" and not ledger_exists(workdir):
+    _fail("config", f"run.mode='ledger': no ledger in {workdir} "
+                    f"({paths.as_path(workdir) / 'ledger.sqlite'} does not exist); "
                     f"check --workdir")
-  if FLAGS.resume_from and ledger.is_file():
-    from evotrainer.evolution.ledger import Ledger
-    with Ledger(ledger) as led:
+  if FLAGS.resume_from and ledger_exists(workdir):
+    with open_ledger(workdir) as led:
       source = led.get_meta("resumed_from")
     if source != os.path.abspath(FLAGS.resume_from):
       _fail("config", f"--resume_from={FLAGS.resume_from}: {workdir} already holds a run "
@@ -141,7 +159,7 @@ def main(argv) -> None:
     _approve()
     return
   from evotrainer import config as config_lib
-  from evotrainer import errors, workdir as workdir_lib
+  from evotrainer import errors, paths, workdir as workdir_lib
 
   config_lib.LAUNCH.update(gin_files=list(FLAGS.gin_file),
                            gin_bindings=list(FLAGS.gin_bindings),
@@ -167,11 +185,12 @@ def main(argv) -> None:
     from evotrainer.sharding.mesh import initialize_distributed
     multi = initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                    FLAGS.process_id)
-    if multi and mode == "sweep":
-      _fail("config", "run.mode='sweep' runs as one process (run.mode='evolve' runs across "
-                      "processes, a sweep not yet); launch it without --coordinator_address/"
-                      "--num_processes/EVO_* (or EVO_TPU_POD)")
-    if multi and mode == "evolve":  # one controller, process 0's (evolution/pod.py)
+    if multi and mode in _CONTROLLER_MODES and paths.is_remote(workdir):
+      _fail("config", f"run.mode='{mode}' across processes needs a --workdir every host "
+                      f"shares (a file system or a gcsfuse mount), not {workdir}: its "
+                      f"branches' checkpoints are written by every process, and a gs:// "
+                      f"workdir's branches train in process 0's local mirror")
+    if multi and mode in _CONTROLLER_MODES:  # one controller, process 0's (pod.py)
       from evotrainer.evolution import pod
       hosts = pod.join()
     primary = not multi or __import__("jax").process_index() == 0
@@ -186,7 +205,7 @@ def main(argv) -> None:
     left = list(known) if known else ["", f"{type(e).__name__}: {str(e)[:500]}"]
     if known is None:
       raise
-    from evotrainer import paths  # a gs:// workdir's error.log stays in its local mirror
+    # A gs:// workdir's error.log stays in its local mirror.
     local = (None if paths.is_remote(workdir) and paths.scheme(workdir) not in paths.SCHEMES
              else paths.mirror_dir(workdir))
     where = (errors.write_traceback(local / "error.log", e)  # process 0 writes the files

@@ -18,17 +18,23 @@ has a stand-in here:
 
 A local workdir is its own mirror: `Mirror(workdir).local(name)` is `workdir/name` and
 `push` does nothing.
+
+A whole run directory (an evolution's or a sweep's: evolution/ledger_mirror.py) is
+mirrored with a *state file*: `Mirror(workdir, state=NAME)` records in the mirror what it
+uploaded or fetched, so that a relaunch uploads only what changed since, and `pull`
+copies down what the mirror lacks (on another host: everything).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pathlib
 import re
 import shutil
 import time
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import gin
 
@@ -153,16 +159,22 @@ class Mirror:
     mirror.push("metrics.jsonl", "tensorboard")  # upload what changed
   """
 
-  def __init__(self, workdir: PathLike):
+  def __init__(self, workdir: PathLike, state: Optional[str] = None):
+    """`state`: a file name in the mirror where the signatures of the files uploaded or
+    fetched are kept across launches (None: this object's lifetime only)."""
     self.workdir = os.fspath(workdir)
     self.remote = is_remote(workdir)
     self.dir = mirror_dir(workdir)
     self.sync_every_s = workdir_mirror()["sync_every_s"]
     self._pushed: dict = {}  # local file -> (size, mtime_ns) at its last upload
     self._last_push = time.monotonic()
+    self._state = self.dir / state if state and self.remote else None
     if self.remote:
       check(workdir)
       self.dir.mkdir(parents=True, exist_ok=True)
+    if self._state is not None and self._state.exists():
+      self._pushed = {str(self.dir / k): tuple(v)
+                      for k, v in json.loads(self._state.read_text()).items()}
 
   def local(self, name: str) -> pathlib.Path:
     """Where `name` (a file or directory of the workdir) is written locally."""
@@ -179,15 +191,54 @@ class Mirror:
     local = self.local(name)
     if not self.remote:
       return local.exists()
-    src = self.target(name)
-    if not src.exists():
+    if not self.target(name).exists():
       local.unlink(missing_ok=True)
       return False
+    self._download(name)
+    return True
+
+  def _download(self, name: str) -> None:
+    """Copies the workdir's `name` over the local one (whole, or not at all)."""
+    local = self.local(name)
+    local.parent.mkdir(parents=True, exist_ok=True)
     tmp = local.with_name(local.name + ".fetch")
-    tmp.write_bytes(src.read_bytes())
+    tmp.write_bytes(self.target(name).read_bytes())
     os.replace(tmp, local)
     self._pushed[str(local)] = _signature(local)
-    return True
+
+  def pull(self, skip: Callable[[str], bool], replace: bool = False) -> int:
+    """Copies down every file of the workdir that the mirror lacks, except those whose
+    name (relative to the workdir) `skip` accepts; records them as fetched. `replace`:
+    the mirror is stale (another host ran on since): its files are removed first, so that
+    it ends equal to the workdir, as on a new host. Nothing for a local workdir. Returns
+    the number of files copied."""
+    if not self.remote:
+      return 0
+    import fsspec  # pylint: disable=g-import-not-at-top
+    fs, root = fsspec.core.url_to_fs(self.workdir)
+    names = {f[len(root.rstrip("/")) + 1:] for f in fs.find(root)}
+    if replace:
+      for f in sorted(self.dir.rglob("*"), key=lambda p: -len(p.parts)):  # files first
+        if skip(f.relative_to(self.dir).as_posix()):
+          continue
+        if f.is_file():
+          f.unlink()
+          self._pushed.pop(str(f), None)
+        elif f.is_dir() and not any(f.iterdir()):
+          f.rmdir()
+    missing = sorted(n for n in names if n and not n.endswith("/") and not skip(n)
+                     and not self.local(n).exists())
+    for name in missing:
+      self._download(name)
+    self._save_state()
+    return len(missing)
+
+  def _save_state(self) -> None:
+    if self._state is not None:
+      state = {os.path.relpath(k, self.dir): v for k, v in self._pushed.items()}
+      tmp = self._state.with_name(self._state.name + ".tmp")
+      tmp.write_text(json.dumps(state, sort_keys=True))
+      os.replace(tmp, self._state)
 
   def clear(self, name: str) -> None:
     """Removes the local directory `name` of a remote workdir (files only ever uploaded,
@@ -195,12 +246,14 @@ class Mirror:
     if self.remote:
       shutil.rmtree(self.local(name), ignore_errors=True)
 
-  def push(self, *names: str, throttle: bool = False) -> None:
+  def push(self, *names: str, throttle: bool = False,
+           skip: Optional[Callable[[str], bool]] = None) -> None:
     """Uploads every local file under `names` that changed since its last upload.
 
     Args:
       names: files or directories of the workdir.
       throttle: upload only when `sync_every_s` passed since the last upload.
+      skip: files not to upload, by their name relative to the workdir.
     """
     if not self.remote:
       return
@@ -211,12 +264,13 @@ class Mirror:
       files = ([root] if root.is_file() else
                sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [])
       for f in files:
-        sig = _signature(f)
-        if self._pushed.get(str(f)) == sig:
+        sig, rel = _signature(f), f.relative_to(self.dir).as_posix()
+        if self._pushed.get(str(f)) == sig or (skip is not None and skip(rel)):
           continue
-        write_atomic(self.target(f.relative_to(self.dir).as_posix()), f.read_bytes())
+        write_atomic(self.target(rel), f.read_bytes())
         self._pushed[str(f)] = sig
     self._last_push = time.monotonic()
+    self._save_state()
 
 
 def _signature(path: pathlib.Path) -> tuple:

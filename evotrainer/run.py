@@ -10,7 +10,9 @@ Modes:
            write <workdir>/branch_result.json (see `_branch_result`).
   evolve   the EvoTrainer loop (evotrainer/evolution/controller.py): every branch is a
            `branch`-mode child process from its parent's model, under the run's gin plus
-           the branch's bindings; the ledger, skills and summary.json live in the workdir.
+           the branch's bindings; the ledger, skills and summary.json live in the workdir
+           (a gs:// workdir: in its local mirror, uploaded with every ledger commit:
+           evotrainer/evolution/ledger_mirror.py).
            Across several processes, process 0 runs the controller and every branch
            trains as one child per process (evotrainer/evolution/pod.py).
   sweep    the variants of a sweep file (`sweep.file`, evotrainer/evolution/sweep_file.py)
@@ -105,7 +107,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   from evotrainer.evolution import pod
   from evotrainer.evolution.controller import Controller, no_eval_check
   from evotrainer.evolution.eval_check import task_eval_check
-  from evotrainer.evolution.ledger import Ledger
+  from evotrainer.evolution.ledger_mirror import ledger_exists, open_ledger, push_run_files
   from evotrainer.evolution.skills import SEED_DIR, SkillLibrary
   from evotrainer.evolution.sweep import gin_harness_builder
   from evotrainer.evolution.trainer import SubprocessTrainer
@@ -122,7 +124,10 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
     return None
   if hosts is not None:  # every branch trains on all processes together
     trainer = pod.PodTrainer(trainer, hosts)
-  pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
+  # The controller works in a local directory: the workdir itself, or the local mirror
+  # of a gs:// workdir, uploaded with every ledger commit (ledger_mirror.py).
+  local = paths.mirror_dir(workdir)
+  local.mkdir(parents=True, exist_ok=True)
   space.check_bindings_exist()
   if mode == "sweep":  # checked before the ledger is opened: a bad file writes nothing
     from evotrainer.evolution import sweep as sweep_lib
@@ -132,14 +137,14 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
                                  "or sweep.file")
     variants = sweep_lib.load_sweep(cfg["file"])
     sweep_lib.check_variants(variants, space, space.current_values())
-  if resume_from:
+  if resume_from and not (paths.is_remote(workdir) and ledger_exists(workdir)):
     from evotrainer.evolution.sweep import start_from
-    start_from(resume_from, workdir)
-  sources = [s for s in (resume_from and pathlib.Path(resume_from) / "skills", skills_dir)
-             if s] + [SEED_DIR]
-  skills = SkillLibrary.seeded(pathlib.Path(workdir) / "skills", sources=sources)
-  with Ledger(pathlib.Path(workdir) / "ledger.sqlite") as ledger:
-    controller = Controller(ledger, trainer, space, skills, workdir=workdir, domain=domain,
+    start_from(resume_from, local)
+  with open_ledger(workdir, run_files=True) as ledger:
+    sources = [s for s in (resume_from and pathlib.Path(resume_from) / "skills", skills_dir)
+               if s] + [SEED_DIR]
+    skills = SkillLibrary.seeded(local / "skills", sources=sources)
+    controller = Controller(ledger, trainer, space, skills, workdir=local, domain=domain,
                             validators=validators,
                             branches=branches, generations=generations, seed=seed,
                             values=space.current_values(), proposer=proposer,
@@ -149,15 +154,18 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
                             strict_verify=getattr(task, "strict_verify", None),
                             control=control,
                             harness_builder=gin_harness_builder() if backtest else None)
-    if mode == "sweep":
-      rows = sweep_lib.Sweep(controller, variants, parent=cfg["parent"],
-                             backtest=cfg["backtest"], steps=branch_steps).run()
-      _print(sweep_lib.format_table(rows))
-    else:
-      controller.run()
-      _print(ledger.table())
+    try:
+      if mode == "sweep":
+        rows = sweep_lib.Sweep(controller, variants, parent=cfg["parent"],
+                               backtest=cfg["backtest"], steps=branch_steps).run()
+        _print(sweep_lib.format_table(rows))
+      else:
+        controller.run()
+        _print(ledger.table())
+    finally:  # what came after the last commit (the summary, the report, a failed log)
+      push_run_files(workdir)
     incumbent = ledger.incumbent()
-    summary = json.loads((pathlib.Path(workdir) / "summary.json").read_text())
+    summary = json.loads((local / "summary.json").read_text())
   _print(f"[evotrainer] incumbent {incumbent.id if incumbent else None}; "
          f"{len(summary.get('versions', []))} versions")
   return summary

@@ -31,9 +31,10 @@ environment:
   VERSION               TPU VM runtime, e.g. tpu-ubuntu2204-base (required by create)
   PROJECT               gcloud project (default: gcloud's configured one)
   WORKDIR               run directory every worker sees: a gcsfuse or NFS mount, or a
-                        gs://bucket/path URL for run.mode='train' (evolve and sweep need a
-                        mount; README "Remote workdirs") (required by run unless --workdir
-                        is among the flags)
+                        gs://bucket/path URL for run.mode='train' (evolve and sweep on a
+                        pod need a mount: every worker writes its part of their branches'
+                        checkpoints; README "Remote workdirs") (required by run unless
+                        --workdir is among the flags)
   MESH_GIN              mesh preset (default gin/mesh/fsdp.gin)
   REMOTE_DIR            where the repository goes on the workers (default evotrainer)
   DRY_RUN=1             print the gcloud commands instead of running them

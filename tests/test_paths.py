@@ -14,6 +14,7 @@ from flax import nnx
 
 from evotrainer import checkpoint as ck
 from evotrainer import paths
+from evotrainer.evolution.ledger import Ledger
 from evotrainer.model import ModelConfig, Transformer
 from evotrainer.rollouts import CorruptRolloutError, RolloutExistsError, RolloutStore
 from tests.fake_gcs import fake_gcs
@@ -213,24 +214,86 @@ def test_train_into_a_gs_workdir_and_resume_on_another_host(setup, gcs, tmp_path
       (run / "metrics.jsonl").read_text()
 
 
-@pytest.mark.parametrize("mode,workdir,message", [
-    ("evolve", "gs://b/run", "run.mode='evolve' needs a local --workdir"),
-    ("sweep", "gs://b/run", "run.mode='sweep' needs a local --workdir"),
-    ("train", "memory://b/run", "the scheme memory:// is not supported for a workdir"),
-])
-def test_launch_refuses_what_a_remote_workdir_cannot_do(tmp_path, mode, workdir, message):
-  """Refused before anything is built or written, and no local `gs:` directory appears."""
+def _launch(args, cwd, bucket, timeout=300):
+  """`python -m evotrainer.launch` on math.gin + tiny.gin + `args`, its gs:// in `bucket`
+  (tests/fake_gcs_launch.py)."""
   import subprocess
   import sys
-  proc = subprocess.run(
+  return subprocess.run(
       [sys.executable, "-m", "evotrainer.launch", f"--gin_file={REPO}/gin/math.gin",
-       f"--gin_file={REPO}/gin/tiny.gin", f"--gin_bindings=run.mode = '{mode}'",
-       f"--workdir={workdir}"],
-      cwd=tmp_path, env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"},
-      capture_output=True, text=True, timeout=300)
+       f"--gin_file={REPO}/gin/tiny.gin", "--import=tests.fake_gcs_launch", *args],
+      cwd=cwd, env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
+                    "EVO_FAKE_GCS_ROOT": str(bucket)},
+      capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run.mode = 'branch'"], "run.mode='branch' needs a local --workdir"),
+    (["run.mode = 'evolve'", "evolve.human_gated = True"],
+     "evolve.human_gated = True needs a local --workdir"),
+    (["run.mode = 'sweep'", "--resume_from=gs://b/old"],
+     "--resume_from=gs://b/old: the workdir to start from must be local"),
+    (["--workdir=memory://b/run"], "the scheme memory:// is not supported for a workdir"),
+])
+def test_launch_refuses_what_a_remote_workdir_cannot_do(tmp_path, args, message):
+  """Refused before anything is built or written, and no local `gs:` directory appears."""
+  cwd = tmp_path / "cwd"
+  cwd.mkdir()
+  flags = [a if a.startswith("--") else f"--gin_bindings={a}" for a in args]
+  proc = _launch(["--workdir=gs://b/run", *flags], cwd, tmp_path / "bucket")
   assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
   assert f"error (config): " in proc.stderr and message in proc.stderr, proc.stderr
-  assert os.listdir(tmp_path) == []
+  assert os.listdir(cwd) == [] and not os.listdir(tmp_path / "bucket")
+
+
+@pytest.mark.slow
+def test_evolve_into_a_gs_workdir_and_resume_on_another_host(tmp_path, launch_caches):
+  """`run.mode='evolve'` into gs:// through the launcher: the controller works in host 1's
+  mirror and the bucket gets the ledger, summary, report, skills and the root's model;
+  host 2 (an empty mirror) continues the run from the bucket alone for one generation,
+  its branch started from the root's fetched model. (0 RL steps per branch: what is
+  tested here is where files go, not training.)"""
+  from tests.sharding.spawn import TINY_RL_BINDINGS
+  bucket, run = tmp_path / "bucket", tmp_path / "bucket/b/evo"
+  cwd = tmp_path / "cwd"
+  cwd.mkdir()
+
+  def evolve(host, generations):  # 1 branch of 0 RL steps (evaluated, saved), no control
+    bindings = [f"evolve.generations = {generations}", "evolve.branches = 1",
+                "evolve.branch_steps = 0", "evolve.control = False", *TINY_RL_BINDINGS,
+                "MathTask.canary_file = None",
+                *launch_caches, f"workdir_mirror.directory = '{tmp_path / host}'"]
+    proc = _launch(["--workdir=gs://b/evo", *(f"--gin_bindings={b}" for b in bindings)],
+                   cwd, bucket, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+  def ledger_copy():  # the bucket's ledger, read from a copy (opening it writes a WAL)
+    copy = tmp_path / f"ledger-{len(os.listdir(tmp_path))}.sqlite"
+    copy.write_bytes((run / "ledger.sqlite").read_bytes())
+    return Ledger(copy)
+
+  evolve("host1", 0)  # the root only
+  assert [v["id"] for v in json.loads((run / "summary.json").read_text())["versions"]] == \
+      ["v0"]
+  assert (run / "report.html").is_file() and os.listdir(run / "skills")
+  assert (run / "versions/v0/branch_result.json").is_file()
+  assert os.listdir(run / "versions/v0/model")  # the checkpoint the next branch reads
+  with ledger_copy() as ledger:
+    assert ledger._q("SELECT checkpoint FROM versions")[0][0] == "versions/v0/model"  # noqa
+  evolve("host2", 1)
+  summary = json.loads((run / "summary.json").read_text())
+  assert [(v["id"], v["parent"]) for v in summary["versions"]] == [("v0", None),
+                                                                  ("v1.0", "v0")]
+  assert summary["generations"] == 1 and summary["wall_s"] > 0
+  assert (run / "versions/v1.0/model").is_dir()
+  log = (run / "versions/v1.0/branch.log").read_text()
+  # The branch restored the root's model from host 2's mirror, fetched from the bucket.
+  assert f'branch.parent = "{tmp_path / "host2/versions/v0/model"}"' in log, log[-3000:]
+  assert os.listdir(tmp_path / "host2/versions/v0/model")
+  with ledger_copy() as ledger:
+    assert ledger.version("v1.0").status in ("kept", "rejected")
+    assert ledger.get_meta("controller/generation") == 1
+  assert not os.listdir(cwd)  # nothing local for the URL
 
 
 def test_metric_writer_on_gs_truncates_and_uploads(gcs, tmp_path):

@@ -1,7 +1,8 @@
 """An evolution across processes: one controller, each branch trained on every host.
 
-`run.mode='evolve'` launched as several processes (a TPU pod's workers with
-`EVO_TPU_POD=1`, or `launch/multihost_local.sh`) runs one controller, process 0's:
+`run.mode='evolve'` or `'sweep'` launched as several processes (a TPU pod's workers with
+`EVO_TPU_POD=1`, or `launch/multihost_local.sh`) runs one controller, process 0's (a
+sweep's driver runs over it: its root and variants are the branches):
 
 * **One voice.** Process 0 (the *leader*) is the single-process controller, unchanged:
   it alone opens the ledger and the skills, proposes, reads scores, decides, and writes

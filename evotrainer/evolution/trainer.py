@@ -40,8 +40,16 @@ class BranchResult:
 
   @classmethod
   def from_json(cls, data: dict, workdir: str = "") -> "BranchResult":
+    """The result in a branch's branch_result.json, read from its `workdir`. Its paths
+    (the branch's `model` and `rollouts`) are absolute where it trained; one that is gone
+    is taken from `workdir` (a gs:// run resumed on another host: another mirror)."""
     names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names}, workdir=workdir)
+    fields = {k: v for k, v in data.items() if k in names}
+    for k in ("checkpoint", "rollouts"):
+      moved = workdir and fields.get(k) and os.path.join(workdir, os.path.basename(fields[k]))
+      if moved and not os.path.exists(fields[k]) and os.path.exists(moved):
+        fields[k] = moved
+    return cls(**fields, workdir=workdir)
 
 
 class Trainer(Protocol):

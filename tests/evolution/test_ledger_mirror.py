@@ -151,3 +151,81 @@ def test_ledger_mode_prints_a_gs_workdirs_ledger_from_another_host(env, capsys):
   assert "v0" in capsys.readouterr().out
   with pytest.raises(FileNotFoundError, match="no ledger.sqlite in gs://b/other"):
     run("gs://b/other", mode="ledger", task=None)
+
+
+def _files(directory):
+  """{relative path: bytes} of every file under `directory`."""
+  return {p.relative_to(directory).as_posix(): p.read_bytes()
+          for p in directory.rglob("*") if p.is_file()}
+
+
+def test_run_files_are_uploaded_before_the_ledger_and_fetched_on_another_host(env):
+  """An evolution's mirror (open_ledger(run_files=True)): a commit uploads the changed run
+  files first, so the bucket's ledger never names a file the bucket lacks; another host
+  starts from the bucket alone; a host whose mirror fell behind gets the bucket's files."""
+  root, tmp = env
+  run = root / "b/run"
+  h1 = _host(tmp, "host1")
+  with open_ledger(URL, run_files=True) as ledger:
+    assert ledger.root == str(h1)
+    (h1 / "versions/v0/model").mkdir(parents=True)
+    (h1 / "versions/v0/model/w").write_bytes(b"weights")
+    ledger.add_version("v0", checkpoint=str(h1 / "versions/v0/model"))
+    assert (run / "versions/v0/model/w").read_bytes() == b"weights"
+    (h1 / "summary.json").write_text("{}")  # after the last commit: the end pushes it
+  assert not (run / "summary.json").exists()
+  from evotrainer.evolution.ledger_mirror import push_run_files
+  push_run_files(URL)
+  assert (run / "summary.json").read_text() == "{}"
+  # The ledger's bookkeeping, the lock and the mirror's state stay local.
+  assert sorted(_files(run)) == ["ledger.sqlite", "summary.json", "versions/v0/model/w"]
+  uploads = (run / "summary.json").stat().st_mtime_ns
+  push_run_files(URL)  # a relaunch uploads nothing unchanged (mirror_state.json)
+  assert (run / "summary.json").stat().st_mtime_ns == uploads
+
+  h2 = _host(tmp, "host2")
+  with open_ledger(URL, run_files=True) as ledger:
+    assert ledger.version("v0").checkpoint == str(h2 / "versions/v0/model")
+    assert (h2 / "versions/v0/model/w").read_bytes() == b"weights"
+    (h2 / "summary.json").write_text('{"generation": 1}')
+    ledger.set_meta("controller/generation", 1)
+  # Host 1 resumes: its summary is stale and replaced; its own leftovers are removed.
+  (h1 / "versions/v9").mkdir()
+  (h1 / "versions/v9/branch.log").write_text("stale")
+  _host(tmp, "host1")
+  with open_ledger(URL, run_files=True) as ledger:
+    assert ledger.get_meta("controller/generation") == 1
+  assert (h1 / "summary.json").read_text() == '{"generation": 1}'
+  assert not (h1 / "versions/v9").exists()
+  assert {k: v for k, v in _files(h1).items() if not k.startswith(("ledger", "mirror_"))} \
+      == {k: v for k, v in _files(run).items() if k != "ledger.sqlite"}
+
+
+def test_a_failed_run_file_upload_holds_back_the_ledger(env, monkeypatch):
+  """The bucket's ledger never names a file the bucket lacks: while a run file cannot be
+  uploaded, the ledger is not uploaded either; the next commit uploads both."""
+  root, tmp = env
+  run = root / "b/run"
+  h1 = _host(tmp, "host1")
+  real = paths.write_atomic
+
+  def flaky(path, data):
+    if str(path).endswith("/w"):
+      raise OSError("network down")
+    real(path, data)
+
+  with open_ledger(URL, run_files=True) as ledger:
+    ledger.set_meta("x/a", 1)
+    before = (run / "ledger.sqlite").read_bytes()
+    (h1 / "versions/v0/model").mkdir(parents=True)
+    (h1 / "versions/v0/model/w").write_bytes(b"weights")
+    monkeypatch.setattr(paths, "write_atomic", flaky)
+    ledger.add_version("v0", checkpoint=str(h1 / "versions/v0/model"))
+    assert (run / "ledger.sqlite").read_bytes() == before  # held back with its file
+    assert not (run / "versions/v0/model/w").exists()
+    monkeypatch.setattr(paths, "write_atomic", real)
+    ledger.set_meta("x/b", 2)
+  assert (run / "versions/v0/model/w").read_bytes() == b"weights"
+  copy = tmp / "copy.sqlite"
+  copy.write_bytes((run / "ledger.sqlite").read_bytes())
+  assert _meta(copy, "x/b") == 2 and _meta(copy, "x/a") == 1

@@ -179,6 +179,57 @@ def test_a_follower_that_left_fails_the_branch(tmp_path, monkeypatch):
   assert "process 1 left the run: ['memory', 'out of memory']" in e.value.log_tail
 
 
+def test_a_sweep_runs_on_process_0_and_trains_each_variant_on_every_process(
+    tmp_path, monkeypatch):
+  """`run.mode='sweep'` across processes (run.evolve): process 0 runs the sweep driver
+  with a PodTrainer, the other process follows; the root and the variant each train as
+  one request that both processes run."""
+  import gin
+
+  import evotrainer.train  # noqa: F401  (registers the gin configurables the space names)
+  from evotrainer import run as run_lib
+  from tests.evolution.test_controller import space
+  monkeypatch.setenv("EVO_TPU_POD", "1")
+  store, plan = FakeStore(), json.dumps({"0": "ok", "1": "ok"})
+  monkeypatch.setattr(SubprocessTrainer, "command",
+                      lambda self, workdir, **kw: [sys.executable, "-c", CHILD, workdir, plan])
+  hosts = [pod.Hosts(i, 2, "localhost:1234", store, poll_s=0.05) for i in range(2)]
+  mine = threading.local()
+  monkeypatch.setattr(pod, "current", lambda: mine.hosts)
+  sweep_file = tmp_path / "one.sweep"
+  sweep_file.write_text("[variant rloo]\nHarness.estimator = 'rloo'\n")
+  gin.clear_config()
+  gin.bind_parameter("sweep.file", str(sweep_file))
+  workdir = tmp_path / "sweep"
+  out = []
+
+  def follower():
+    mine.hosts = hosts[1]
+    try:
+      out.append(run_lib.evolve(str(workdir), 3, space=space(), mode="sweep"))
+    except Exception as e:  # pylint: disable=broad-except
+      out.append(e)
+
+  thread = threading.Thread(target=follower)
+  thread.start()
+  mine.hosts = hosts[0]
+  try:
+    summary = run_lib.evolve(str(workdir), 3, space=space(), mode="sweep", backtest=False)
+  finally:
+    hosts[0].leave(None)
+    thread.join(timeout=30)
+    gin.clear_config()
+  assert out == [None]  # the follower ran no driver and wrote no summary
+  assert summary["mode"] == "sweep" and [r["variant"] for r in summary["sweep"]] == ["rloo"]
+  requests = sorted(k for k in store.data if k.startswith("evotrainer/pod/request/"))
+  assert len(requests) == 2  # the root, then the variant
+  for vid in ("v0", "s-rloo"):
+    log1 = (workdir / "versions" / vid / "branch.process1.log").read_text()
+    assert "child 1 of 2" in log1
+  with Ledger(workdir / "ledger.sqlite") as ledger:
+    assert {v.id: v.parent for v in ledger.versions()} == {"v0": None, "s-rloo": "v0"}
+
+
 # ------------------------------------------------------------------ end to end
 
 TIMEOUT_S = 1200  # per run; a hang guard, generous for 2 shared cores and 2 test workers

@@ -101,18 +101,35 @@ def test_train_two_processes_match_one(tmp_path):
   assert json.loads((two / "summary.json").read_text())["steps"] == STEPS
 
 
+_NO_FILE = "run.mode='sweep' needs a sweep file: --sweep_file=PATH or sweep.file"
+
+
 @pytest.mark.slow
-def test_sweep_is_refused_across_processes(tmp_path):
-  """`evolve` runs across processes (tests/evolution/test_pod.py); a sweep does not yet."""
+@pytest.mark.parametrize("workdir,expected", [
+    ("sweep", [f"error (sweep): {_NO_FILE}",
+               f"error (sweep): process 0 stopped the run: {_NO_FILE}"]),
+    ("gs://b/sweep", ["error (config): run.mode='sweep' across processes needs a --workdir "
+                      "every host shares"] * 2),
+])
+def test_a_sweep_across_processes_runs_its_driver_on_process_0(tmp_path, workdir, expected):
+  """`sweep` runs across processes as `evolve` does (tests/evolution/test_pod.py, with
+  planted children): process 0 runs the driver, process 1 follows it. Here process 0
+  refuses a sweep without a sweep file before anything trains, and process 1 stops with
+  process 0's error (no training: the launcher's wiring only). A gs:// workdir is refused
+  by every process (tests/fake_gcs_launch.py stands in for GCS)."""
   port = free_port()
-  envs = [process_env(1, port=port, process_id=i, num_processes=2) for i in range(2)]
+  envs = [process_env(1, port=port, process_id=i, num_processes=2,
+                      extra={"EVO_FAKE_GCS_ROOT": str(tmp_path / "bucket")})
+          for i in range(2)]
+  local = not workdir.startswith("gs://")
   argv = [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
           "--gin_file=gin/tiny.gin", "--gin_bindings=run.mode = 'sweep'",
-          f"--workdir={tmp_path / 'sweep'}"]
+          "--import=tests.fake_gcs_launch",
+          f"--workdir={tmp_path / workdir if local else workdir}"]
   codes, logs = run_processes(argv, envs, tmp_path, TIMEOUT_S)
   assert codes == [2, 2], format_logs(codes, logs)
-  for log in logs:
+  for log, want in zip(logs, expected):
     errors = [line for line in log.splitlines() if line.startswith("error (")]
-    assert len(errors) == 1 and errors[0].startswith(
-        "error (config): run.mode='sweep' runs as one process"), log
+    assert len(errors) == 1 and errors[0].startswith(want), format_logs(codes, logs)
   assert not (tmp_path / "sweep" / "ledger.sqlite").exists()
+  assert not any((tmp_path / "bucket").rglob("*"))  # nothing written to the bucket
