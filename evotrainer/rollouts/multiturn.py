@@ -25,6 +25,14 @@ The turn loop, until every episode stopped:
      BOS) and appended with loss mask 0 and log-prob 0.
 At the end `task.finish_episodes` grades every episode (process 0; scores broadcast).
 
+Overlap (`overlap_waves` W >= 2): the rows are split into W waves of one fixed row count
+(so no new sampler programs) that take turns on the sampler in a fixed order. A wave
+collects its last step's results (steps 3-4), samples its next turn (steps 1-2) and
+hands its env steps to a host worker; the sampler then runs the next wave's turn while
+those tools run (JAX releases the GIL while it computes). Each wave keeps its own KV
+cache and turn count; the order, the keys and every process's collectives do not depend
+on the tools' timing, and each step keeps its own `tool_time_limit_s` deadline.
+
 Stop reasons (`Episode.info['stop']`; `truncated` = a budget stop, `BUDGET_STOPS`):
   submitted, echo_trap, tool_error, ...  the environment's own (`env.stop`; `max_turns`
                                          too when the env keeps its own turn budget)
@@ -280,14 +288,22 @@ class MultiTurnRollout:
 
   def _wave_slots(self, n: int, pad_rows_to: Optional[int]) -> list:
     """Per wave, its batch slots' rows (None: a filler slot). Every wave has one fixed
-    row count (ceil(rows / waves), rounded up to a multiple of the mesh's devices so any
-    batch sharding divides it): one sampler program per bucket, as in lock-step."""
+    row count (ceil(batch rows / waves), rounded up to a multiple of the mesh's devices so
+    any batch sharding divides it), the real rows spread evenly over the waves: one
+    sampler program per bucket, as in lock-step. Fewer waves than asked when the rows
+    do not fill that many (a device's worth of slots per wave at least, a real row in
+    each: a wave of filler rows would sample for nothing)."""
     b = max(n, pad_rows_to or 0)
-    w = min(self.overlap_waves, n)
-    devices = 1 if getattr(self.sampler, "mesh", None) is None else self.sampler.mesh.devices.size
+    mesh = getattr(self.sampler, "mesh", None)
+    devices = 1 if mesh is None else mesh.devices.size
+    w = max(1, min(self.overlap_waves, n, b // devices))
+    if w == 1:
+      return [list(range(n)) + [None] * (b - n)]
+    q = -(-n // w)  # rows per wave, the last wave's fewer: spread for balanced waves
     r = -(-b // w)
-    r = -(-r // devices) * devices if w > 1 else r
-    return [[i if i < n else None for i in range(k * r, (k + 1) * r)] for k in range(w)]
+    r = -(-r // devices) * devices  # slots per wave (>= q)
+    waves = [list(range(k, min(k + q, n))) for k in range(0, n, q)]
+    return [rows + [None] * (r - len(rows)) for rows in waves]
 
   def _sample_turn(self, params, prompts: list, tracks: list, slots: list, live: list,
                    key: jax.Array, turn: SamplingParams, kv: Optional["_Cached"]

@@ -310,7 +310,8 @@ def test_waves_compile_one_program_per_bucket(model):
   _, rollout, gen = _run(model, sampler, lambda p: _SubmitAt(1 + int(p.id[-1]) % 4),
                          budget, problems=4, group=2, pad_rows_to=12, overlap_waves=2)
   assert sorted(set(i["turns"] for i in gen.infos)) == [1, 2, 3, 4]
-  assert [len(w) for w in rollout._wave_slots(8, 12)] == [6, 6]
+  # The 8 rows spread over the waves, 2 filler slots in each.
+  assert rollout._wave_slots(8, 12) == [[0, 1, 2, 3, None, None], [4, 5, 6, 7, None, None]]
   assert 2 <= sampler.compiled_programs() <= 4
 
 
