@@ -307,7 +307,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                             args.env_latency_s, args.overlap_waves, args.repeats,
                             args.hidden, args.layers, args.obs_chars) for b in args.batch]
     mode = "env steps overlapping other waves' turns vs lock-step (both KV-continued)"
-  payload = {"bench": "multiturn", "machine": machine(), "load": os.getloadavg(),
+  payload = {"bench": "multiturn", "machine": machine(), "load": list(os.getloadavg()),
              "mode": mode, "results": rows}
   write_json(args.json, payload)
   return payload
