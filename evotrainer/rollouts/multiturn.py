@@ -25,6 +25,14 @@ The turn loop, until every episode stopped:
      BOS) and appended with loss mask 0 and log-prob 0.
 At the end `task.finish_episodes` grades every episode (process 0; scores broadcast).
 
+Overlap (`overlap_waves` W >= 2): the rows are split into W waves of one fixed row count
+(so no new sampler programs) that take turns on the sampler in a fixed order. A wave
+collects its last step's results (steps 3-4), samples its next turn (steps 1-2) and
+hands its env steps to a host worker; the sampler then runs the next wave's turn while
+those tools run (JAX releases the GIL while it computes). Each wave keeps its own KV
+cache and turn count; the order, the keys and every process's collectives do not depend
+on the tools' timing, and each step keeps its own `tool_time_limit_s` deadline.
+
 Stop reasons (`Episode.info['stop']`; `truncated` = a budget stop, `BUDGET_STOPS`):
   submitted, echo_trap, tool_error, ...  the environment's own (`env.stop`; `max_turns`
                                          too when the env keeps its own turn budget)
@@ -44,6 +52,8 @@ reason itself when an environment reports another), so `generation.stop_reason` 
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import threading
 import time
@@ -146,6 +156,28 @@ class _Cached:
   fed: np.ndarray
 
 
+@dataclasses.dataclass
+class _Wave:
+  """A fixed set of batch slots that samples its turns together (`overlap_waves`).
+
+  Attributes:
+    slots: each batch slot's row, None for a filler slot.
+    turn: model turns sampled so far.
+    kv: the last turn's cache (`_Cached`), with kv_continuation.
+    stepping: the rows whose env steps of the last turn are awaited.
+    future: those steps' results (process 0 only).
+  """
+  slots: list
+  turn: int = 0
+  kv: Optional[_Cached] = None
+  stepping: list = dataclasses.field(default_factory=list)
+  future: Optional[concurrent.futures.Future] = None
+
+  @property
+  def rows(self) -> list:
+    return [i for i in self.slots if i is not None]
+
+
 def context_buckets(cap: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> tuple:
   """The bucket widths below `cap`, then `cap` itself: widths never exceed the cap, and
   a run compiles one program per bucket at most."""
@@ -164,10 +196,20 @@ class MultiTurnRollout:
     budget: the episode budgets (gin: `MultiTurnRollout.budget = @TurnBudget()`).
     kv_continuation: continue each turn from the previous turn's KV cache (prefill only
       the new tokens); False: re-prefill every context every turn (module docstring).
+    overlap_waves: W >= 2 splits the batch's rows into W waves of one fixed row count
+      that take turns on the sampler: while one wave's env steps (tools) run on host
+      workers, the sampler runs another wave's turn. 1: lock-step (every row samples,
+      then every env steps). Wave w's turn t samples with `fold_in(key, t * W + w)`, so
+      a run is reproducible whatever the tools' timing, but other W sample other tokens
+      at temperature > 0 (greedy: the same tokens). (module docstring; bench/multiturn.py
+      --env_latency_s measures it.)
   """
 
   def __init__(self, task, tokenizer, sampler: Sampler, sampler_shardings=None,
-               budget: TurnBudget = TurnBudget(), kv_continuation: bool = True):
+               budget: TurnBudget = TurnBudget(), kv_continuation: bool = True,
+               overlap_waves: int = 1):
+    if overlap_waves < 1:
+      raise ValueError(f"MultiTurnRollout.overlap_waves must be >= 1, got {overlap_waves}")
     for name in ("start_episode", "format_observation", "finish_episodes"):
       if not callable(getattr(task, name, None)):
         raise TypeError(f"{type(task).__name__} declares multi_turn but has no {name}() "
@@ -184,6 +226,7 @@ class MultiTurnRollout:
     self.sampler_shardings = sampler_shardings
     self.budget = budget
     self.kv_continuation = kv_continuation
+    self.overlap_waves = overlap_waves
     # Prompt + trajectory tokens at most; every sampled context leaves room for a turn.
     self.context_limit = min(budget.max_context, sampler.config.max_position_embeddings)
     if self.context_limit <= budget.max_tokens_per_turn:
@@ -201,31 +244,41 @@ class MultiTurnRollout:
       params = jax.device_put(params, self.sampler_shardings)
     budget = self.budget
     rows = [p for p in problems for _ in range(group)]
-    n = len(rows)
     prompts = [self.tok.encode(self.task.format_prompt(p), add_bos=True) for p in rows]
     primary = is_primary()
     envs = [self.task.start_episode(p) for p in rows] if primary else None
     tracks = [EpisodeTrack() for _ in rows]
     turn = dataclasses.replace(sampling, max_new_tokens=budget.max_tokens_per_turn)
     room = self.context_limit - budget.max_tokens_per_turn  # context before a turn
-    kv = None  # the previous turn's cache (`_Cached`), with kv_continuation
-    for t in range(budget.max_turns):
-      for i, tr in enumerate(tracks):
-        if tr.stop is None and len(prompts[i]) + len(tr.ids) > room:
-          tr.stop = "max_context"  # only a prompt too long for one turn gets here
-      live = [i for i, tr in enumerate(tracks) if tr.stop is None]
-      if not live:
-        break
-      texts, kv = self._sample_turn(params, prompts, tracks, live,
-                                    max(n, pad_rows_to or 0), jax.random.fold_in(key, t),
-                                    turn, kv)
-      # Process 0 steps the environments (tools run under wall-clock limits, so hosts
-      # could disagree) and sends every process the same observations and stops.
-      results = broadcast_json(
-          _step_envs([envs[i] for i in live], [texts[i] for i in live],
-                     budget.tool_time_limit_s) if primary else None)
-      for i, (observation, stop, error) in zip(live, results):
-        self._after_step(tracks[i], observation, stop, error, len(prompts[i]), t + 1)
+    waves = [_Wave(slots) for slots in self._wave_slots(len(rows), pad_rows_to)]
+    # The waves take turns on the sampler in a fixed order (the same on every process,
+    # whatever the tools' timing): a wave collects its last step's results, samples its
+    # next turn and hands the step to a host worker, then the next wave samples while
+    # that step runs. With one wave this is the lock-step loop.
+    queue = collections.deque(waves)
+    with concurrent.futures.ThreadPoolExecutor(len(waves), "env-wave") as pool:
+      while queue:
+        wave = queue.popleft()
+        if wave.stepping:
+          # Process 0 steps the environments (tools run under wall-clock limits, so
+          # hosts could disagree) and sends every process the same observations and stops.
+          results = broadcast_json(wave.future.result() if primary else None)
+          for i, (observation, stop, error) in zip(wave.stepping, results):
+            self._after_step(tracks[i], observation, stop, error, len(prompts[i]), wave.turn)
+        for i in wave.rows:
+          if tracks[i].stop is None and len(prompts[i]) + len(tracks[i].ids) > room:
+            tracks[i].stop = "max_context"  # only a prompt too long for one turn gets here
+        wave.stepping = [i for i in wave.rows if tracks[i].stop is None]
+        if not wave.stepping:
+          continue
+        texts, wave.kv = self._sample_turn(
+            params, prompts, tracks, wave.slots, wave.stepping,
+            jax.random.fold_in(key, wave.turn * len(waves) + waves.index(wave)), turn, wave.kv)
+        wave.turn += 1
+        if primary:
+          wave.future = pool.submit(_step_envs, [envs[i] for i in wave.stepping],
+                                    [texts[i] for i in wave.stepping], budget.tool_time_limit_s)
+        queue.append(wave)
     finished = None
     if primary:
       finished = {"scores": self.task.finish_episodes(rows, envs),
@@ -233,15 +286,38 @@ class MultiTurnRollout:
     finished = broadcast_json(finished)
     return self._generation(rows, prompts, tracks, finished["scores"], finished["infos"])
 
-  def _sample_turn(self, params, prompts: list, tracks: list, live: list, b: int,
+  def _wave_slots(self, n: int, pad_rows_to: Optional[int]) -> list:
+    """Per wave, its batch slots' rows (None: a filler slot). Every wave has one fixed
+    row count (ceil(batch rows / waves), rounded up to a multiple of the mesh's devices so
+    any batch sharding divides it), the real rows spread evenly over the waves: one
+    sampler program per bucket, as in lock-step. Fewer waves than asked when the rows
+    do not fill that many (a device's worth of slots per wave at least, a real row in
+    each: a wave of filler rows would sample for nothing)."""
+    b = max(n, pad_rows_to or 0)
+    mesh = getattr(self.sampler, "mesh", None)
+    devices = 1 if mesh is None else mesh.devices.size
+    w = max(1, min(self.overlap_waves, n, b // devices))
+    if w == 1:
+      return [list(range(n)) + [None] * (b - n)]
+    q = -(-n // w)  # rows per wave, the last wave's fewer: spread for balanced waves
+    r = -(-b // w)
+    r = -(-r // devices) * devices  # slots per wave (>= q)
+    waves = [list(range(k, min(k + q, n))) for k in range(0, n, q)]
+    return [rows + [None] * (r - len(rows)) for rows in waves]
+
+  def _sample_turn(self, params, prompts: list, tracks: list, slots: list, live: list,
                    key: jax.Array, turn: SamplingParams, kv: Optional["_Cached"]
                    ) -> tuple[dict, Optional["_Cached"]]:
-    """Samples one turn for the `live` rows (a batch of `b` rows); appends the sampled
-    ids to their tracks. Returns ({row: decoded turn text}, the cache to continue from)."""
+    """Samples one turn for the `live` rows in a batch of `slots` (each slot's row, None
+    for a filler); appends the sampled ids to their tracks. Returns ({row: decoded turn
+    text}, the cache to continue from)."""
+    b = len(slots)
     filler = [self.tok.pad_id]
+    live = set(live)
+    live_slots = [j for j, i in enumerate(slots) if i in live]
     contexts = [filler] * b
-    for i in live:
-      contexts[i] = prompts[i] + tracks[i].ids
+    for j in live_slots:
+      contexts[j] = prompts[slots[j]] + tracks[slots[j]].ids
     lengths = np.array([len(c) for c in contexts], np.int32)
     width = bucket_length(int(lengths.max()), self.buckets)
     prefix = None
@@ -250,7 +326,7 @@ class MultiTurnRollout:
     else:
       # Rows keep their cached tokens; the last M of every context are prefilled (filler
       # rows' single token too). Live rows were live last turn, so `kv.fed` covers them.
-      new = np.where(np.isin(np.arange(b), live), lengths - kv.fed, lengths)
+      new = np.where(np.isin(np.arange(b), live_slots), lengths - kv.fed, lengths)
       m = min(bucket_length(int(new.max()), self.buckets), width)
       chunk = left_pad([c[-m:] for c in contexts], self.tok.pad_id, (m,))
       batch = PromptBatch(tokens=chunk.tokens, lengths=lengths)
@@ -262,9 +338,10 @@ class MultiTurnRollout:
       out, cache = out
     out = to_host(out)
     texts = {}
-    for i in live:
-      k = int(out.lengths[i])
-      ids, logp = out.tokens[i, :k], out.logprobs[i, :k]
+    for j in live_slots:
+      i = slots[j]
+      k = int(out.lengths[j])
+      ids, logp = out.tokens[j, :k], out.logprobs[j, :k]
       tr = tracks[i]
       tr.spans.append([len(tr.ids), len(tr.ids) + k, float(np.sum(logp, dtype=np.float64))])
       tr.ids += ids.tolist()

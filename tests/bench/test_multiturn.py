@@ -33,3 +33,21 @@ def test_multiturn_bench_runs_and_its_figures_add_up(tmp_path):
   # 4-token turns and for the 1-token prefill probe at most; the continuation's second
   # turn adds one (width, chunk) program per width at most.
   assert 1 <= row["sampler_programs"] <= 9
+
+
+@pytest.mark.slow  # a few small sampler programs (batches of 4 and 2 rows)
+def test_multiturn_bench_overlap_mode_reports_both_arms(tmp_path):
+  out = tmp_path / "overlap.json"
+  payload = multiturn.main(["--batch", "4", "--turns", "2", "--tokens_per_turn", "4",
+                            "--max_context", "40", "--repeats", "1", "--env_latency_s",
+                            "0.05", "--json", str(out)])
+  assert json.loads(out.read_text()) == payload and len(payload["load"]) == 3
+  (row,) = payload["results"]
+  assert row["overlap_waves"] == 2 and row["env_s_lock_step"] == pytest.approx(0.1)
+  for arm in ("lock_step", "overlap"):
+    # Every episode takes both turns, each followed by its 0.05 s tool: a wave, like
+    # the lock-step batch, waits for its own two steps.
+    assert row[arm]["wall_s"] >= 0.1
+    assert row[arm]["episodes_per_s"] == pytest.approx(4 / row[arm]["wall_s"], rel=0.01)
+  assert row["speedup_overlap"] == pytest.approx(
+      row["lock_step"]["wall_s"] / row["overlap"]["wall_s"], rel=0.01)

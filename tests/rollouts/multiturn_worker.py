@@ -1,7 +1,7 @@
 """One process of a 2-process multi-turn rollout, for `test_multiturn.py`.
 
-  python -m tests.rollouts.multiturn_worker OUT_DIR   (EVO_* variables set, see
-                                                       tests/sharding/spawn.py)
+  python -m tests.rollouts.multiturn_worker OUT_DIR [OVERLAP_WAVES]   (EVO_* variables
+                                          set, see tests/sharding/spawn.py)
 
 Every process joins the run, builds the same tiny model sharded over one `data` mesh of
 all processes' devices, and runs the toy echo task's episodes through
@@ -43,8 +43,8 @@ def env_factory(problem):
 
 
 def main(argv) -> int:
-  if len(argv) != 2 or not initialize_distributed():
-    print(f"usage: {argv[0]} OUT_DIR with EVO_* set", file=sys.stderr)
+  if len(argv) not in (2, 3) or not initialize_distributed():
+    print(f"usage: {argv[0]} OUT_DIR [OVERLAP_WAVES] with EVO_* set", file=sys.stderr)
     return 2
   mesh = make_mesh(data=-1)
   tok = CharTokenizer()
@@ -54,7 +54,8 @@ def main(argv) -> int:
   task = EchoTask(env_factory)
   rollout = MultiTurnRollout(task, tok, sampler, state_shardings(params, mesh, SAMPLER_RULES),
                              budget=TurnBudget(max_turns=4, max_context=64,
-                                               max_tokens_per_turn=8))
+                                               max_tokens_per_turn=8),
+                             overlap_waves=int(argv[2]) if len(argv) == 3 else 1)
   gen = rollout(params, task.train_problems(3, seed=0), 2, jax.random.key(7),
                 SamplingParams(temperature=1.0), pad_rows_to=8)
   record = {"tokens": gen.tokens.tolist(), "logprobs": gen.logprobs.tolist(),

@@ -35,10 +35,11 @@ def sampler(model):  # shared: every test reuses the compiled programs
 
 
 def _run(model, sampler, env_factory=None, budget=None, problems=2, group=2, key=0,
-         pad_rows_to=None, sampling=SP, kv_continuation=True):
+         pad_rows_to=None, sampling=SP, kv_continuation=True, overlap_waves=1):
   task = EchoTask(env_factory)
   rollout = MultiTurnRollout(task, TOK, sampler, budget=budget or TurnBudget(
-      max_turns=3, max_context=64, max_tokens_per_turn=8), kv_continuation=kv_continuation)
+      max_turns=3, max_context=64, max_tokens_per_turn=8), kv_continuation=kv_continuation,
+      overlap_waves=overlap_waves)
   gen = rollout(nnx.state(model), task.train_problems(problems, seed=0), group,
                 jax.random.key(key), sampling, pad_rows_to=pad_rows_to)
   return task, rollout, gen
@@ -195,6 +196,73 @@ def test_each_stop_reason_fires_when_planted(model, sampler):
   assert time.time() - t < 5.0  # not 4 x 1 s in a row
 
 
+def _mixed(p):  # per problem: submits after 2 turns, never, raises, times out
+  return [lambda: _SubmitAt(2), lambda: _SubmitAt(99), _Raising,
+          _Sleeping][int(p.id.split("/")[1]) % 4]()
+
+
+def test_overlap_waves_sample_what_lock_step_samples(model, sampler):
+  budget = TurnBudget(max_turns=3, max_context=64, max_tokens_per_turn=8,
+                      tool_time_limit_s=0.2)
+  greedy = SamplingParams(greedy=True)
+  # 4 problems x 2 rows: every stop kind, at different turns.
+  runs = {w: _run(model, sampler, _mixed, budget, problems=4, group=2, key=3,
+                  sampling=greedy, overlap_waves=w)[2] for w in (1, 2)}
+  a = runs[1]
+  assert set(_stops(a)) == {"submitted", "max_turns", "tool_error", "env_timeout"}
+  assert len({i["turns"] for i in a.infos}) > 1  # waves ran different turn counts
+  for w in (2,):
+    b = runs[w]  # the same tokens, stops and scores; log-probs up to other padding
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert a.texts == b.texts and a.scores == b.scores
+    assert [{**i, "turn_spans": None} for i in a.infos] == \
+        [{**i, "turn_spans": None} for i in b.infos]
+  # At temperature 1 a wave's keys do not depend on the tools' timing: same keys, same
+  # Generation.
+  c, d = (_run(model, sampler, _mixed, budget, problems=4, group=2, key=4,
+               overlap_waves=2)[2] for _ in range(2))
+  np.testing.assert_array_equal(c.tokens, d.tokens)
+  np.testing.assert_array_equal(c.logprobs, d.logprobs)
+  assert _stops(c) == _stops(d)
+
+
+class _TimedSampler:
+  """The sampler, recording the (start, end) of each call until its results are ready."""
+
+  def __init__(self, sampler):
+    self.inner, self.config, self.mesh, self.calls = sampler, sampler.config, None, []
+
+  def __call__(self, *args, **kw):
+    start = time.monotonic()
+    out = jax.block_until_ready(self.inner(*args, **kw))
+    self.calls.append((start, time.monotonic()))
+    return out
+
+
+def test_env_steps_run_while_the_sampler_samples_another_wave(model, sampler):
+  budget = TurnBudget(max_turns=3, max_context=64, max_tokens_per_turn=8)
+  for waves, problems in ((1, 2), (2, 4)):  # batches of 4 rows (compiled already)
+    steps = []
+
+    class Slow(EchoEnv):  # a tool of 0.3 s
+      def step(self, text):
+        start = time.monotonic()
+        time.sleep(0.3)
+        steps.append((start, time.monotonic()))
+        return super().step(text)
+
+    timed = _TimedSampler(sampler)
+    _, _, gen = _run(model, timed, lambda p: Slow(submit_char=None), budget,
+                     problems=problems, overlap_waves=waves)
+    assert _stops(gen) == ["max_turns"] * 2 * problems and len(steps) == 6 * problems
+    overlapped = [(s, c) for s in steps for c in timed.calls if c[0] < s[1] and s[0] < c[1]]
+    # Lock-step: no sampler call while a tool runs. Two waves: every turn but the first
+    # wave's first is sampled while the other wave's tools run.
+    assert len({c for _, c in overlapped}) == (0 if waves == 1 else 5), (waves, overlapped)
+
+
 def test_mask_budget_stops_zeroes_the_loss_mask(model, sampler):
   budget = TurnBudget(max_turns=2, max_context=64, max_tokens_per_turn=8,
                       mask_budget_stops=True)
@@ -232,6 +300,19 @@ def test_compiled_programs_stay_bounded(model):
   # A second run with other keys adds at most the buckets it had not reached.
   _run(model, sampler, factory, budget, problems=4, group=2, pad_rows_to=12, key=9)
   assert sampler.compiled_programs() <= 4
+
+
+def test_waves_compile_one_program_per_bucket(model):
+  sampler = Sampler(model, pad_id=TOK.pad_id)  # a fresh one: count its programs only
+  budget = TurnBudget(max_turns=6, max_context=96, max_tokens_per_turn=8)
+  # Rows finish at different turns (row r after 1 + r % 4); two waves of 6 rows each
+  # sample one program per bucket at most, whichever rows of a wave are still running.
+  _, rollout, gen = _run(model, sampler, lambda p: _SubmitAt(1 + int(p.id[-1]) % 4),
+                         budget, problems=4, group=2, pad_rows_to=12, overlap_waves=2)
+  assert sorted(set(i["turns"] for i in gen.infos)) == [1, 2, 3, 4]
+  # The 8 rows spread over the waves, 2 filler slots in each.
+  assert rollout._wave_slots(8, 12) == [[0, 1, 2, 3, None, None], [4, 5, 6, 7, None, None]]
+  assert 2 <= sampler.compiled_programs() <= 4
 
 
 def test_merge_and_store_round_trip(model, sampler, tmp_path):
@@ -338,14 +419,15 @@ def _metrics(workdir):
 
 
 @pytest.mark.slow
-def test_two_processes_get_identical_generations(tmp_path):
+@pytest.mark.parametrize("overlap_waves", [1, 2])
+def test_two_processes_get_identical_generations(tmp_path, overlap_waves):
   import sys
 
   from tests.sharding.spawn import format_logs, free_port, process_env, run_processes
   port = free_port()
   envs = [process_env(2, port=port, process_id=i, num_processes=2) for i in range(2)]
   codes, logs = run_processes([sys.executable, "-m", "tests.rollouts.multiturn_worker",
-                               str(tmp_path)], envs, tmp_path, 300)
+                               str(tmp_path), str(overlap_waves)], envs, tmp_path, 300)
   assert codes == [0, 0], format_logs(codes, logs)
   a, b = (json.loads((tmp_path / f"process{i}.json").read_text()) for i in range(2))
   # Environments stepped on process 0 only; process 1 got the same observations,
