@@ -427,7 +427,8 @@ def test_two_processes_get_identical_generations(tmp_path, overlap_waves):
   port = free_port()
   envs = [process_env(2, port=port, process_id=i, num_processes=2) for i in range(2)]
   codes, logs = run_processes([sys.executable, "-m", "tests.rollouts.multiturn_worker",
-                               str(tmp_path), str(overlap_waves)], envs, tmp_path, 600)  # a hang guard
+                               str(tmp_path), str(overlap_waves)], envs, tmp_path,
+                              600)  # a hang guard, generous for 2 shared cores
   assert codes == [0, 0], format_logs(codes, logs)
   a, b = (json.loads((tmp_path / f"process{i}.json").read_text()) for i in range(2))
   # Environments stepped on process 0 only; process 1 got the same observations,
