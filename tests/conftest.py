@@ -18,19 +18,6 @@ import pytest  # noqa: E402
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "slow: end-to-end tests (still run in CI)")
-  # pytest-xdist's own marker; also known when the suite runs without xdist.
-  config.addinivalue_line("markers", "xdist_group(name): run in the same xdist worker")
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
-  """Every `slow` test runs in one xdist worker (pytest.ini: `-n 2 --dist loadgroup`):
-  they are the multi-process and launcher runs, each using more than one core, so two at
-  once would only slow both; the other worker runs the fast tests meanwhile. They also
-  share that worker's session caches (`launch_caches`, `solving_warm_start`)."""
-  for item in items:
-    if item.get_closest_marker("slow") and not item.get_closest_marker("xdist_group"):
-      item.add_marker(pytest.mark.xdist_group("slow"))
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +43,8 @@ def launch_caches(tmp_path_factory):
 def solving_warm_start(launch_caches):
   """`launch_caches` plus the main job's warm start (up to 1500 steps, stopping at 30% of
   training problems solved) instead of tiny.gin's 20 steps: a root that solves problems,
-  so that a fault has something to break. The (slow) end-to-end tests that need one
-  share the cached warm start: slow tests run in one xdist worker."""
+  so that a fault has something to break. The end-to-end tests that need one share the
+  cached warm start when they run in the same xdist worker (each worker has its own
+  session caches)."""
   return [*launch_caches, "warm_start.steps = 1500", "warm_start.target_accuracy = 0.3"]
 

@@ -8,6 +8,7 @@ probes (uid, process and memory limits) have passed.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets as secrets_lib
 import socket
@@ -115,14 +116,39 @@ def listener():
   l.close()
 
 
+def _block_held(index: int) -> bool:
+  """Whether a live cell of another process holds uid block `index` (its machine-wide
+  flock; a cell of this process holds it under another open file, which conflicts too)."""
+  try:
+    fd = os.open(os.path.join(cell_lib.LOCK_DIR, f"{index}.lock"), os.O_RDWR)
+  except FileNotFoundError:
+    return False
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    return True
+  finally:
+    os.close(fd)  # releases the lock if it was taken
+  return False
+
+
 def sandbox_processes(the_cell: sandbox.Cell) -> list[str]:
-  """`ps` lines of processes with a sandbox uid (any cell's), and of the cell's tree
-  beyond bwrap, its init and the worker."""
+  """`ps` lines of leaked processes: any with a uid of `the_cell`'s block (its runs are
+  over when a call returns) or of a block no live cell holds (a closed cell's), and the
+  cell's tree beyond bwrap, its init and the worker. Processes with the uids of another
+  live cell (another test worker's, running meanwhile) are that cell's, not leaks."""
   ps = subprocess.run(["ps", "-e", "-o", "uid=,pid=,ppid=,stat=,args="],
                       capture_output=True, text=True, check=True).stdout.splitlines()
   low = cell_lib.UID_BASE
   high = cell_lib.UID_BASE + cell_lib.UID_BLOCK * cell_lib.UID_BLOCKS
-  stray = [line for line in ps if low <= int(line.split()[0]) < high]
+  own = the_cell._uids.index if the_cell._uids is not None else None
+  stray = []
+  for line in ps:
+    uid = int(line.split()[0])
+    if low <= uid < high:
+      index = (uid - cell_lib.UID_BASE) // cell_lib.UID_BLOCK
+      if index == own or not _block_held(index):
+        stray.append(line)
   if the_cell._proc is not None:
     tree = cell_lib._tree(the_cell._proc.pid)
     if len(tree) > 3:  # bwrap, the cell's init, the worker; anything more is a leak
