@@ -10,12 +10,19 @@ tokens/s (compile measured apart; median of `--repeats` timed calls each), the s
 over transformers measured in the same run, whether it meets the goal (GOALS: >= 3x at
 batch 16, >= 2x at batch 64), and the decode FLOP rate as a fraction of the f32 matmul
 peak measured in the same run.
+
+Each side runs in its own child process, one batch size at a time and one after the
+other: in one process, PyTorch's and XLA's thread pools slowed each other (measured:
+ours at batch 16 greedy 1209 tokens/s after transformers had run in the process, ~1900
+alone).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -94,6 +101,34 @@ def bench_ours(model, prompts, new_tokens, mode, repeats):
   return steady, first - steady
 
 
+def worker(side: str, path: str, batch: int, modes, prompt_len: int, new_tokens: int,
+           repeats: int) -> dict:
+  """One side's timings for one batch size, in this (child) process: mode -> seconds."""
+  prompts = np.random.default_rng(batch).integers(1, VOCAB, size=(batch, prompt_len)).tolist()
+  out = {}
+  if side == "ours":
+    model = load_hf_checkpoint(path)
+  for mode in modes:
+    if side == "ours":
+      steady, compile_s = bench_ours(model, prompts, new_tokens, mode, repeats)
+    else:
+      steady, compile_s = bench_transformers(path, prompts, new_tokens, mode, repeats)
+    out[mode] = {"steady_s": steady, "first_call_s": compile_s,
+                 "load_average_1min": round(os.getloadavg()[0], 1)}
+  return out
+
+
+def run_side(side: str, path: str, batch: int, args) -> dict:
+  """`worker` in a fresh child process; its result (the child prints one JSON line)."""
+  cmd = [sys.executable, os.path.abspath(__file__), "--_worker", side, "--_checkpoint", path,
+         "--batches", str(batch), "--modes", args.modes, "--prompt_len", str(args.prompt_len),
+         "--new_tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
+  proc = subprocess.run(cmd, capture_output=True, text=True)
+  if proc.returncode:
+    raise RuntimeError(f"{side} worker failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--json", help="write results here")
@@ -103,32 +138,38 @@ def main():
   ap.add_argument("--new_tokens", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--skip_transformers", action="store_true")
+  ap.add_argument("--_worker", choices=["ours", "transformers"], help=argparse.SUPPRESS)
+  ap.add_argument("--_checkpoint", help=argparse.SUPPRESS)
   args = ap.parse_args()
+  modes = args.modes.split(",")
+  if args._worker:
+    print(json.dumps(worker(args._worker, args._checkpoint, int(args.batches), modes,
+                            args.prompt_len, args.new_tokens, args.repeats)))
+    return
 
   peak = matmul_peak_gflops()
   print(f"f32 matmul peak: {peak:.1f} GFLOP/s", flush=True)
   rows = []
   with tempfile.TemporaryDirectory() as d:
-    build_checkpoint(d)
-    model = load_hf_checkpoint(d)
-    cfg = model.config
-    rng = np.random.default_rng(0)
+    build_checkpoint(d)  # torch in this process: nothing is timed here from now on
+    cfg = load_hf_checkpoint(d).config
     for b in map(int, args.batches.split(",")):
-      prompts = rng.integers(1, VOCAB, size=(b, args.prompt_len)).tolist()
-      for mode in args.modes.split(","):
-        ours_s, compile_s = bench_ours(model, prompts, args.new_tokens, mode, args.repeats)
+      ours = run_side("ours", d, b, args)
+      theirs = {} if args.skip_transformers else run_side("transformers", d, b, args)
+      for mode in modes:
+        ours_s = ours[mode]["steady_s"]
         n_tok = b * args.new_tokens
         # Decode FLOPs: each new token's forward at its context length.
         flops = b * sum(cfg.flops_per_token(args.prompt_len + t)
                         for t in range(args.new_tokens))
-        row = {"batch": b, "mode": mode, "load_average_1min": round(os.getloadavg()[0], 1),
+        row = {"batch": b, "mode": mode, "load_average_1min": ours[mode]["load_average_1min"],
                "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
                "ours_tokens_per_s": round(n_tok / ours_s, 1),
                "ours_ms_per_step": round(1000 * ours_s / args.new_tokens, 2),
-               "compile_s": round(compile_s, 2),
+               "compile_s": round(ours[mode]["first_call_s"], 2),
                "decode_flops_fraction_of_peak": round(flops / ours_s / 1e9 / peak, 3)}
-        if not args.skip_transformers:
-          hf_s, _ = bench_transformers(d, prompts, args.new_tokens, mode, args.repeats)
+        if theirs:
+          hf_s = theirs[mode]["steady_s"]
           row["transformers_tokens_per_s"] = round(n_tok / hf_s, 1)
           row["transformers_ms_per_step"] = round(1000 * hf_s / args.new_tokens, 2)
           row["speedup"] = round(hf_s / ours_s, 2)

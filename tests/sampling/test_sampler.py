@@ -10,6 +10,7 @@ from flax import nnx
 
 from evotrainer.model import ModelConfig, Transformer
 from evotrainer.sampling import Sampler, SamplingParams, left_pad
+from evotrainer.sampling import sampler as sampler_lib
 from evotrainer.sampling.strategies import select
 from evotrainer.sharding import rules
 from evotrainer.sharding.mesh import make_mesh, state_shardings
@@ -104,6 +105,31 @@ def test_greedy_matches_naive_loop_over_vocab_blocks(prompts):
     np.testing.assert_allclose(np.asarray(out.logprobs)[i],
                                teacher_forced_logprobs(big, p, ref), atol=1e-4)
   assert np.asarray(out.tokens).max() >= 128  # ids beyond the first block were chosen
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_transposed_decode_head_equals_the_model_head(tied):
+  # XLA:CPU decodes up to `_TRANSPOSED_HEAD_ROWS` rows with the head as [V, E] @ [E, B].
+  m = Transformer(dataclasses.replace(CFG, tie_embeddings=tied), rngs=nnx.Rngs(3))
+  h = jax.random.normal(jax.random.key(0), (5, CFG.hidden_size))
+  ours = jax.jit(lambda h: sampler_lib._transposed_head(m)(h))(h)
+  np.testing.assert_allclose(np.asarray(ours), np.asarray(m.logits(h[:, None])[:, 0]),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_beyond_the_transposed_head_rows_matches_naive_loop(model, prompts):
+  # More rows than `_TRANSPOSED_HEAD_ROWS`: the head's [B, E] @ [E, V] form.
+  rows = prompts * (sampler_lib._TRANSPOSED_HEAD_ROWS // len(prompts) + 1)
+  assert len(rows) > sampler_lib._TRANSPOSED_HEAD_ROWS
+  n = 8
+  out = Sampler(model, pad_id=PAD)(nnx.state(model), left_pad(rows, PAD), jax.random.key(0),
+                                   sampling=SamplingParams(max_new_tokens=n, greedy=True))
+  for i, p in enumerate(prompts):
+    ref = naive_greedy(model, p, n, stop=())
+    for r in range(i, len(rows), len(prompts)):
+      np.testing.assert_array_equal(np.asarray(out.tokens)[r], ref)
+    np.testing.assert_allclose(np.asarray(out.logprobs)[i],
+                               teacher_forced_logprobs(model, p, ref), atol=1e-4)
 
 
 def test_sampled_logprobs_equal_teacher_forcing(model, prompts):
