@@ -2,14 +2,17 @@ r"""Evolution against a static harness and against recipe search, at equal total
 scored on the test split.
 
   python -m bench.evolve_vs_static --json out.json [--seeds 0,1,2,3,4] [--workdir DIR]
+  python -m bench.evolve_vs_static --domain code --json out.json
 
-Three arms per seed, all from the same warm start (the cache is shared):
+Three arms per seed, all from the same warm start (the cache is shared); for `--domain
+code` read code_train.gin / code.gin for math_train.gin / math.gin:
   static         gin/math_train.gin (the fixed default harness) for as many RL steps as an
                  evolution run trains in all: the root's steps plus every branch's, control
                  branches and rejected branches included
   recipe_search  gin/math.gin with `evolve.proposer = 'recipe'`: hyper-parameters only,
                  no diagnostics
   evotrainer     gin/math.gin as shipped (skill-guided proposer, diagnostics, validators)
+The evolution's shape (generations, branches, steps) defaults to the domain's gin file.
 
 Each arm is the real command in a child process (`python -m evotrainer.launch`). The
 score is the test-split Avg@8 of the final incumbent (static: of the last step), on the
@@ -29,6 +32,7 @@ rerun.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -42,6 +46,47 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ARMS = ("static", "recipe_search", "evotrainer")
+
+
+@dataclasses.dataclass(frozen=True)
+class Domain:
+  """What the arms run for one domain: the fixed-harness and the evolution gin files, the
+  static arm's evaluation bindings (its validation set as the evolution's), and the
+  evolution's shipped shape (generations, branches, branch steps)."""
+
+  static_gin: str
+  evolve_gin: str
+  static_eval: tuple
+  generations: int
+  branches: int
+  branch_steps: int
+
+
+DOMAINS = {
+    "math": Domain("gin/math_train.gin", "gin/math.gin", ("EvalConfig.num_problems = 500",),
+                   generations=4, branches=2, branch_steps=50),
+    "code": Domain("gin/code_train.gin", "gin/code.gin",
+                   ("CodeTask.num_validation = 200", "EvalConfig.num_problems = 200",
+                    "EvalConfig.num_test = 300"),
+                   generations=3, branches=2, branch_steps=30),
+}
+
+
+def arm_launches(domain: str, seed: int, generations: int, branches: int, branch_steps: int,
+                 control: bool, extra: Sequence[str] = ()) -> dict:
+  """arm -> (gin files, bindings) of its `evotrainer.launch` command, and the RL steps
+  every arm trains (the static arm as many as an evolution run trains in all)."""
+  d = DOMAINS[domain]
+  total = (1 + generations * (branches + control)) * branch_steps
+  common = [f"run.seed = {seed}", *extra]
+  evo = [f"evolve.generations = {generations}", f"evolve.branches = {branches}",
+         f"evolve.branch_steps = {branch_steps}", f"evolve.control = {control}"]
+  return {"static": ([d.static_gin], [f"train.steps = {total}",
+                                      f"train.eval_every = {branch_steps}",
+                                      *d.static_eval, *common]),
+          "recipe_search": ([d.evolve_gin], [*common, *evo, "evolve.proposer = 'recipe'"]),
+          "evotrainer": ([d.evolve_gin], [*common, *evo, "evolve.proposer = 'skills'"]),
+          "total_steps": total}
 
 
 def _launch(gin_files: list, bindings: list, workdir: pathlib.Path, log: pathlib.Path) -> dict:
@@ -101,44 +146,42 @@ def main(argv=None) -> dict:
   ap.add_argument("--workdir", default="runs/bench_evolve_vs_static",
                   help="where the arms' run directories go (reused: a finished arm is "
                        "read back, not rerun)")
-  ap.add_argument("--generations", type=int, default=4)
-  ap.add_argument("--branches", type=int, default=2)
-  ap.add_argument("--branch_steps", type=int, default=50)
+  ap.add_argument("--domain", choices=sorted(DOMAINS), default="math")
+  ap.add_argument("--generations", type=int, default=None,
+                  help="default: the domain's gin file (math 4, code 3)")
+  ap.add_argument("--branches", type=int, default=None, help="default: the domain's (2)")
+  ap.add_argument("--branch_steps", type=int, default=None,
+                  help="default: the domain's gin file (math 50, code 30)")
   ap.add_argument("--no_control", action="store_true",
                   help="evolution arms without control branches (evolve.control = False)")
   ap.add_argument("--gin_bindings", action="append", default=[],
                   help="extra bindings for every arm (e.g. a smaller eval for a smoke run)")
   ap.add_argument("--json", default=None, help="write the result here too")
   args = ap.parse_args(argv)
+  d = DOMAINS[args.domain]
+  generations = d.generations if args.generations is None else args.generations
+  branches = d.branches if args.branches is None else args.branches
+  branch_steps = d.branch_steps if args.branch_steps is None else args.branch_steps
   root = pathlib.Path(args.workdir).resolve()
   root.mkdir(parents=True, exist_ok=True)
   seeds = [int(s) for s in args.seeds.split(",")]
   control = not args.no_control
-  evo = [f"evolve.generations = {args.generations}", f"evolve.branches = {args.branches}",
-         f"evolve.branch_steps = {args.branch_steps}", f"evolve.control = {control}"]
-  total = (1 + args.generations * (args.branches + control)) * args.branch_steps
   arms: dict = {a: {} for a in ARMS}
   t0 = time.time()
   for seed in seeds:
     for arm in ("evotrainer", "recipe_search", "static"):
       wd = root / f"{arm}-s{seed}"
-      extra = [f"run.seed = {seed}", *args.gin_bindings]
+      launches = arm_launches(args.domain, seed, generations, branches, branch_steps,
+                              control, args.gin_bindings)
       print(f"[bench] seed {seed} {arm} ... ({time.time() - t0:.0f}s so far)", flush=True)
       t = time.time()
       if (wd / "bench_done").exists():
         summary = json.loads((wd / "summary.json").read_text())
-      elif arm == "static":
-        summary = _launch(["gin/math_train.gin"],
-                          [f"train.steps = {total}", f"train.eval_every = {args.branch_steps}",
-                           "EvalConfig.num_problems = 500", *extra], wd,
-                          root / f"{arm}-s{seed}.log")
       else:
-        proposer = "recipe" if arm == "recipe_search" else "skills"
-        summary = _launch(["gin/math.gin"], [*extra, *evo, f"evolve.proposer = '{proposer}'"],
-                          wd, root / f"{arm}-s{seed}.log")
+        summary = _launch(*launches[arm], wd, root / f"{arm}-s{seed}.log")
       (wd / "bench_done").touch()
       arms[arm][seed] = (_static_arm(summary) if arm == "static"
-                         else _evolve_arm(summary, wd, args.branch_steps))
+                         else _evolve_arm(summary, wd, branch_steps))
       print(f"[bench] seed {seed} {arm}: test Avg@8 {arms[arm][seed]['test']:.4f} "
             f"(validation {arms[arm][seed]['validation']:.4f}; {time.time() - t:.0f}s)",
             flush=True)
@@ -149,10 +192,10 @@ def main(argv=None) -> dict:
   gaps = [arms["evotrainer"][s]["selection_gap"] for s in seeds
           if arms["evotrainer"][s]["selection_gap"] is not None]
   out = {"benchmark": "evolve_vs_static", "split": "test", "seeds": seeds,
-         "config": {"generations": args.generations, "branches": args.branches,
-                    "branch_steps": args.branch_steps, "control": control,
+         "config": {"domain": args.domain, "generations": generations, "branches": branches,
+                    "branch_steps": branch_steps, "control": control,
                     "extra_bindings": args.gin_bindings},
-         "steps": {"total_per_arm": total},
+         "steps": {"total_per_arm": launches["total_steps"]},
          "means": means, "validation_means": vmeans,
          "diff_vs_static": paired_interval(pairs("evotrainer")),
          "diff_recipe_vs_static": paired_interval(pairs("recipe_search")),

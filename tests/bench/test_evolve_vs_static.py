@@ -28,3 +28,24 @@ def test_only_shared_problems_are_paired():
   b = {"p0": 0.0, "p1": 0.0}
   assert paired_interval([(a, b)], n=100)["mean"] == pytest.approx(0.5)
   assert paired_interval([({"x": 1.0}, {"y": 0.0})])["mean"] is None
+
+
+def test_code_arms_run_the_code_gin_files_at_equal_steps():
+  from bench.evolve_vs_static import arm_launches
+  out = arm_launches("code", seed=3, generations=3, branches=2, branch_steps=30, control=True)
+  # The root plus 3 generations of 2 branches and a control, 30 steps each.
+  assert out["total_steps"] == 300
+  static_gin, static_bindings = out["static"]
+  assert static_gin == ["gin/code_train.gin"]
+  assert "train.steps = 300" in static_bindings and "run.seed = 3" in static_bindings
+  # The static arm validates on the evolution's 200 problems (code.gin).
+  assert "EvalConfig.num_problems = 200" in static_bindings
+  for arm, proposer in (("recipe_search", "recipe"), ("evotrainer", "skills")):
+    gin_files, bindings = out[arm]
+    assert gin_files == ["gin/code.gin"]
+    assert f"evolve.proposer = '{proposer}'" in bindings
+    assert "evolve.generations = 3" in bindings and "evolve.branch_steps = 30" in bindings
+  math = arm_launches("math", seed=0, generations=4, branches=2, branch_steps=50,
+                      control=False)
+  assert math["total_steps"] == (1 + 4 * 2) * 50
+  assert math["static"][0] == ["gin/math_train.gin"] and math["evotrainer"][0] == ["gin/math.gin"]
