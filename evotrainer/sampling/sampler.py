@@ -237,9 +237,9 @@ def _transposed_head(model: Transformer):
   The optimization barriers keep XLA from folding the transposes back into the dot. The
   untied head's [E, V] weight is transposed once per call, outside the decode loop.
   """
-  w = model.head_weight()
-  w_ve = w if model.config.tie_embeddings else jax.lax.optimization_barrier(w.T)
   barrier = jax.lax.optimization_barrier
+  w = model.head_weight()
+  w_ve = w if model.config.tie_embeddings else barrier(w.T)
 
   def head(h):
     dt = h.dtype
