@@ -63,7 +63,8 @@ class Domain:
 
 
 DOMAINS = {
-    "math": Domain("gin/math_train.gin", "gin/math.gin", ("EvalConfig.num_problems = 500",),
+    "math": Domain("gin/math_train.gin", "gin/math.gin",
+                   ("MathTask.num_validation = 500", "EvalConfig.num_problems = 500"),
                    generations=4, branches=2, branch_steps=50),
     "code": Domain("gin/code_train.gin", "gin/code.gin",
                    ("CodeTask.num_validation = 200", "EvalConfig.num_problems = 200",

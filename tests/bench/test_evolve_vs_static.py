@@ -49,3 +49,27 @@ def test_code_arms_run_the_code_gin_files_at_equal_steps():
                       control=False)
   assert math["total_steps"] == (1 + 4 * 2) * 50
   assert math["static"][0] == ["gin/math_train.gin"] and math["evotrainer"][0] == ["gin/math.gin"]
+
+
+@pytest.mark.parametrize("domain", ["math", "code"])
+def test_the_static_arm_evaluates_on_the_evolutions_problems(domain):
+  """Parsed as each arm's command parses them, the static arm's gin files and bindings
+  give the same validation and test sets as the evolution's."""
+  import gin
+
+  from bench.evolve_vs_static import arm_launches
+  from evotrainer import config as config_lib
+  task = {"math": "MathTask", "code": "CodeTask"}[domain]
+  names = ["EvalConfig.num_problems", "EvalConfig.num_test", "EvalConfig.k",
+           f"{task}.num_validation", f"{task}.num_test"]
+  out = arm_launches(domain, seed=0, generations=1, branches=2, branch_steps=10,
+                     control=True)
+  seen = {}
+  for arm in ("static", "evotrainer"):
+    gin_files, bindings = out[arm]
+    try:
+      config_lib.parse(gin_files, bindings, finalize=False)
+      seen[arm] = {n: gin.query_parameter(n) for n in names}
+    finally:
+      gin.clear_config()
+  assert seen["static"] == seen["evotrainer"]
