@@ -60,12 +60,13 @@ class Domain:
   generations: int
   branches: int
   branch_steps: int
+  continue_steps: int = 0
 
 
 DOMAINS = {
     "math": Domain("gin/math_train.gin", "gin/math.gin",
                    ("MathTask.num_validation = 500", "EvalConfig.num_problems = 500"),
-                   generations=4, branches=2, branch_steps=50),
+                   generations=3, branches=2, branch_steps=25, continue_steps=125),
     "code": Domain("gin/code_train.gin", "gin/code.gin",
                    ("CodeTask.num_validation = 200", "EvalConfig.num_problems = 200",
                     "EvalConfig.num_test = 300"),
@@ -74,16 +75,20 @@ DOMAINS = {
 
 
 def arm_launches(domain: str, seed: int, generations: int, branches: int, branch_steps: int,
-                 control: bool, extra: Sequence[str] = ()) -> dict:
+                 control: bool, extra: Sequence[str] = (), continue_steps: int = 0) -> dict:
   """arm -> (gin files, bindings) of its `evotrainer.launch` command, and the RL steps
-  every arm trains (the static arm as many as an evolution run trains in all)."""
+  every arm trains (the static arm as many as an evolution run trains in all: the root,
+  every branch, control and continuation)."""
   d = DOMAINS[domain]
-  total = (1 + generations * (branches + control)) * branch_steps
+  total = ((1 + generations * (branches + control)) * branch_steps
+           + generations * continue_steps)
   common = [f"run.seed = {seed}", *extra]
   evo = [f"evolve.generations = {generations}", f"evolve.branches = {branches}",
-         f"evolve.branch_steps = {branch_steps}", f"evolve.control = {control}"]
+         f"evolve.branch_steps = {branch_steps}", f"evolve.control = {control}",
+         f"evolve.continue_steps = {continue_steps}"]
   return {"static": ([d.static_gin], [f"train.steps = {total}",
-                                      f"train.eval_every = {branch_steps}",
+                                      f"train.eval_every = "
+                                      f"{max(branch_steps, continue_steps)}",
                                       *d.static_eval, *common]),
           "recipe_search": ([d.evolve_gin], [*common, *evo, "evolve.proposer = 'recipe'"]),
           "evotrainer": ([d.evolve_gin], [*common, *evo, "evolve.proposer = 'skills'"]),
@@ -121,7 +126,7 @@ def paired_interval(per_seed: Sequence[tuple[Mapping, Mapping]], n: int = 2000, 
   return {"mean": float(np.mean([d.mean() for d in diffs])), "lo": float(lo), "hi": float(hi)}
 
 
-def _evolve_arm(summary: dict, wd: pathlib.Path, branch_steps: int) -> dict:
+def _evolve_arm(summary: dict, wd: pathlib.Path) -> dict:
   versions = {v["id"]: v for v in summary["versions"]}
   inc = versions[summary["incumbent"]]
   test = json.loads((wd / "versions" / inc["id"] / "test_eval.json").read_text())
@@ -129,7 +134,7 @@ def _evolve_arm(summary: dict, wd: pathlib.Path, branch_steps: int) -> dict:
   return {"test": inc["test_avg8"], "validation": inc["validation_avg8"],
           "per_problem": test["per_problem"], "incumbent": inc["id"],
           "kept": [v["id"] for v in versions.values() if v["status"] in ("kept", "merged")],
-          "rl_steps": len(trained) * branch_steps,
+          "rl_steps": sum(int(v.get("steps") or 0) for v in trained),
           "selection_gap": (summary.get("selection") or {}).get("selection_gap"),
           "wall_s": summary["wall_s"]}
 
@@ -153,6 +158,9 @@ def main(argv=None) -> dict:
   ap.add_argument("--branches", type=int, default=None, help="default: the domain's (2)")
   ap.add_argument("--branch_steps", type=int, default=None,
                   help="default: the domain's gin file (math 50, code 30)")
+  ap.add_argument("--continue_steps", type=int, default=None,
+                  help="steps of each generation's continuation (default: the domain's "
+                       "gin file)")
   ap.add_argument("--no_control", action="store_true",
                   help="evolution arms without control branches (evolve.control = False)")
   ap.add_argument("--gin_bindings", action="append", default=[],
@@ -163,6 +171,7 @@ def main(argv=None) -> dict:
   generations = d.generations if args.generations is None else args.generations
   branches = d.branches if args.branches is None else args.branches
   branch_steps = d.branch_steps if args.branch_steps is None else args.branch_steps
+  continue_steps = d.continue_steps if args.continue_steps is None else args.continue_steps
   root = pathlib.Path(args.workdir).resolve()
   root.mkdir(parents=True, exist_ok=True)
   seeds = [int(s) for s in args.seeds.split(",")]
@@ -173,7 +182,7 @@ def main(argv=None) -> dict:
     for arm in ("evotrainer", "recipe_search", "static"):
       wd = root / f"{arm}-s{seed}"
       launches = arm_launches(args.domain, seed, generations, branches, branch_steps,
-                              control, args.gin_bindings)
+                              control, args.gin_bindings, continue_steps)
       print(f"[bench] seed {seed} {arm} ... ({time.time() - t0:.0f}s so far)", flush=True)
       t = time.time()
       if (wd / "bench_done").exists():
@@ -182,7 +191,7 @@ def main(argv=None) -> dict:
         summary = _launch(*launches[arm], wd, root / f"{arm}-s{seed}.log")
       (wd / "bench_done").touch()
       arms[arm][seed] = (_static_arm(summary) if arm == "static"
-                         else _evolve_arm(summary, wd, branch_steps))
+                         else _evolve_arm(summary, wd))
       print(f"[bench] seed {seed} {arm}: test Avg@8 {arms[arm][seed]['test']:.4f} "
             f"(validation {arms[arm][seed]['validation']:.4f}; {time.time() - t:.0f}s)",
             flush=True)
@@ -194,7 +203,8 @@ def main(argv=None) -> dict:
           if arms["evotrainer"][s]["selection_gap"] is not None]
   out = {"benchmark": "evolve_vs_static", "split": "test", "seeds": seeds,
          "config": {"domain": args.domain, "generations": generations, "branches": branches,
-                    "branch_steps": branch_steps, "control": control,
+                    "branch_steps": branch_steps, "continue_steps": continue_steps,
+                    "control": control,
                     "extra_bindings": args.gin_bindings},
          "steps": {"total_per_arm": launches["total_steps"]},
          "means": means, "validation_means": vmeans,

@@ -70,7 +70,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            skills_dir: str | None = None, human_gated: bool = False,
            branch_timeout_s: float = 1800, resume_from: str | None = None,
            backtest: bool = True, control: bool = True, mode: str = "evolve",
-           task=None, domain: str = "math", validators: list | None = None) -> dict | None:
+           task=None, domain: str = "math", validators: list | None = None,
+           continue_steps: int = 0) -> dict | None:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
   Across several processes (evolution/pod.py) process 0 runs the controller and returns
@@ -97,6 +98,10 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
       criterion of `controller.harness_backtester` is dropped.
     control: train a control branch per generation (the parent continued unchanged for
       the same steps) and credit each change against it (promotion.py).
+    continue_steps: after each generation's verification, the incumbent trains this many
+      more RL steps unchanged as version `v<g>.x`, promoted unless it is worse than its
+      parent beyond noise or a validator fails (0: no continuation). The generation's
+      trials (`branch_steps`) decide what to keep; the continuation deepens the lineage.
     mode: 'evolve', or 'sweep' (run.mode).
     task: the run's task (`run.task`, passed by `run`): its verifier and splits are
       checked before anything trains and on every escalation (eval_check.py).
@@ -152,7 +157,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
                             eval_check=task_eval_check(task) if task is not None
                             else no_eval_check,
                             strict_verify=getattr(task, "strict_verify", None),
-                            control=control,
+                            control=control, continue_steps=continue_steps,
                             harness_builder=gin_harness_builder() if backtest else None)
     try:
       if mode == "sweep":

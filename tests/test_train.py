@@ -170,9 +170,9 @@ def test_bad_gin_binding_is_a_clear_error(tmp_path):
 
 @pytest.mark.slow
 def test_evolve_mode_end_to_end(tmp_path, launch_caches):
-  """The controller trains a root, a branch and the generation's control branch in child
-  processes (branch mode), from the parent's state, and records them in the ledger and
-  summary.json."""
+  """The controller trains a root, a branch, the generation's control branch and its
+  continuation in child processes (branch mode), from the parent's state, and records
+  them in the ledger and summary.json."""
   workdir = tmp_path / "evo"
 
   def evolve(generations, rc=0):  # 1 branch of 2 steps per generation, tiny budgets
@@ -181,6 +181,7 @@ def test_evolve_mode_end_to_end(tmp_path, launch_caches):
          "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
          f"--gin_bindings=evolve.generations = {generations}",
          "--gin_bindings=evolve.branches = 1", "--gin_bindings=evolve.branch_steps = 2",
+         "--gin_bindings=evolve.continue_steps = 1",
          *(f"--gin_bindings={b}" for b in launch_caches)],
         cwd=REPO, env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
         capture_output=True, text=True, timeout=1200)
@@ -189,9 +190,16 @@ def test_evolve_mode_end_to_end(tmp_path, launch_caches):
 
   evolve(1)
   summary = json.loads((workdir / "summary.json").read_text())
-  assert summary["mode"] == "evolve" and summary["incumbent"] in ("v0", "v1.0", "v1.c")
   versions = {v["id"]: v for v in summary["versions"]}
-  assert set(versions) == {"v0", "v1.0", "v1.c"}
+  assert set(versions) == {"v0", "v1.0", "v1.c", "v1.x"}
+  # The continuation trained the verified incumbent further, 1 step, unchanged.
+  cont = versions["v1.x"]
+  assert cont["parent"] in ("v0", "v1.0", "v1.c") and cont["intervention"].startswith(
+      "continuation")
+  assert cont["parent"] == "v0" or versions[cont["parent"]]["status"] == "kept"
+  assert cont["steps"] == 1 and cont["status"] in ("kept", "rejected") and cont["reason"]
+  assert summary["mode"] == "evolve"
+  assert summary["incumbent"] == ("v1.x" if cont["status"] == "kept" else cont["parent"])
   assert versions["v1.0"]["parent"] == versions["v1.c"]["parent"] == "v0"
   assert versions["v1.0"]["status"] in ("kept", "rejected") and versions["v1.0"]["reason"]
   assert versions["v1.c"]["status"] in ("kept", "pruned")

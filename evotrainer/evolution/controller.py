@@ -24,6 +24,13 @@ Per generation (`Controller.run`):
   learn       decision outcomes, skill outcomes; a skill is written for a non-skill
               intervention that worked, and for the change of an incumbent whose
               branches mostly failed badly (its subtraction, promotion.py)
+  continue    (`continue_steps` > 0) the incumbent trains further unchanged as one version
+              `v<g>.x` (a different seed): the search's short trials decide which change
+              to keep, the continuation spends the rest of the generation's steps on the
+              lineage itself. It becomes the incumbent unless it is worse than its parent
+              beyond noise or a validator fails (then it is rejected). Successive halving
+              with two rungs: all K + 1 arms for `branch_steps`, the winner for
+              `continue_steps` more
   harness     on a diagnostic gap (generations without gain; a proxy rising while BC is
               flat) enable library diagnostics / validators that separate kept from
               rejected versions, record a harness version, re-check kept versions under
@@ -63,7 +70,7 @@ from evotrainer.evolution.harness_evolution import (DEFAULT_DIAGNOSTICS, DEFAULT
                                                     HarnessEvolution)
 from evotrainer.evolution.ledger import ROOT, Ledger, VersionRecord
 from evotrainer.evolution.progress import Progress
-from evotrainer.evolution.promotion import CONTROL, Promotion, _avg8, _proxy
+from evotrainer.evolution.promotion import CONTINUE, CONTROL, Promotion, _avg8, _proxy
 from evotrainer.evolution.proposers import Hypothesis, propose
 from evotrainer.evolution.search_space import SearchSpace, canonical, format_value
 from evotrainer.evolution.skills import SkillLibrary
@@ -114,6 +121,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
       validators in the evidence (`strict_verifier_agreement`); None: that validator is
       not applicable.
     progress: a bar over the trainings and one line per event on the terminal.
+    continue_steps: RL steps of each generation's continuation (0: none), passed to the
+      trainer as `train.steps`.
   """
 
   def __init__(self, ledger: Ledger, trainer: Trainer, space: SearchSpace,
@@ -131,7 +140,9 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
                gate_timeout_s: Optional[float] = None, learn_skills: bool = True,
                collapse_fraction: float = 0.5, control: bool = True,
                strict_verify: Optional[Callable[[str, str], bool]] = None,
-               progress: bool = False):
+               progress: bool = False, continue_steps: int = 0):
+    if continue_steps < 0:
+      raise ValueError(f"continue_steps={continue_steps}; expected >= 0 (0: no continuation)")
     self.ledger, self.trainer, self.space, self.skills = ledger, trainer, space, skills
     self.workdir = pathlib.Path(workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
@@ -144,6 +155,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     self.gap_generations, self.separation = gap_generations, separation
     self.explain_tol = explain_tol
     self.collapse_fraction, self.control = collapse_fraction, control
+    self.continue_steps = int(continue_steps)
     self.strict_verify = strict_verify
     self.human_gated, self.approve = human_gated, approve
     self.poll_s, self.gate_timeout_s, self.learn_skills = poll_s, gate_timeout_s, learn_skills
@@ -162,7 +174,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     self._t0 = time.time()
     done = sum(1 for v in self.ledger.versions() if "result" in v.metrics
                or v.status != "running")
-    per_gen = self.k + (1 if self.control else 0)
+    per_gen = self.k + (1 if self.control else 0) + (1 if self.continue_steps else 0)
     self.progress = Progress(1 + self.generations * per_gen, done, self.show_progress)
     self._ensure_harness()
     self._check_before_training()
@@ -210,6 +222,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
       self._evaluate(gen, plan, results)
     if not self.ledger.get_meta(f"controller/harness_done/{gen}"):
       self._evolve_harness(gen, plan)
+    if self.continue_steps and not self.ledger.get_meta(f"controller/continued/{gen}"):
+      self._continue(gen, plan)
 
   # ---------------------------------------------------------------- setup
 
@@ -450,11 +464,42 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     return self._train_version(vid, parent, did, aid, plan["seed"],
                                lambda: self.values(parent), what="control")
 
+  def _continue(self, gen: int, plan: Mapping) -> None:
+    """Trains the generation's continuation `v<gen>.x` (the incumbent after verification,
+    unchanged, `continue_steps` steps, its own seed) and settles it: promoted unless it is
+    worse than its parent beyond noise or a validator fails (`Promotion._settle_continuation`)."""
+    vid, did = f"v{gen}.x", f"g{gen}-continue"
+    aid = f"{vid}/train"
+    if not self.ledger.has_version(vid):
+      inc = self.ledger.incumbent()
+      with self.ledger.transaction():
+        self.ledger.add_version(vid, inc.id, bindings={},
+                                harness_version=self.ledger.get_meta("controller/harness"))
+        self.ledger.add_decision(did, inc.id, intervention=dict(CONTINUE), version_id=vid,
+                                 hypothesis=f"training {inc.id} unchanged for "
+                                            f"{self.continue_steps} more steps keeps "
+                                            f"improving it",
+                                 criterion="not worse than the parent beyond noise; "
+                                           "validators pass")
+        self.ledger.add_attempt(aid, vid, inc.id, CONTINUE["id"])
+    parent = self.ledger.version(vid).parent
+    r = self._train_version(vid, parent, did, aid, self._train_seed(gen) + 500,
+                            lambda: self.values(parent), what="continuation",
+                            extra=[f"train.steps = {self.continue_steps}"])
+    infra.settle_generation(self.ledger, gen, [{"version": vid}], {vid: r},
+                            self._infra_failed)
+    if r is not None and self.ledger.version(vid).status == "running":
+      self._settle_continuation(gen, vid, did, parent, r, seed=self.seed * 7919 + gen)
+    self.ledger.set_meta(f"controller/continued/{gen}", {
+        "version": vid, "status": self.ledger.version(vid).status})
+
   def _train_version(self, vid: str, parent: str, did: str, aid: str, seed: int,
-                     values: Callable[[], Mapping], what: str = "") -> Optional[BranchResult]:
+                     values: Callable[[], Mapping], what: str = "",
+                     extra: Sequence[str] = ()) -> Optional[BranchResult]:
     """Trains the recorded version `vid` from `parent` under `values()` ({binding: value})
-    unless it finished before (its stored result) or failed before (None); a training
-    error rejects the version and fails its attempt and decision."""
+    and the `extra` bindings (e.g. its own `train.steps`) unless it finished before (its
+    stored result) or failed before (None); a training error rejects the version and
+    fails its attempt and decision."""
     v = self.ledger.version(vid)
     if "result" in v.metrics:
       return self.result(vid)
@@ -465,7 +510,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     try:
       r = infra.train_with_retry(lambda: self.trainer.train(
           version=vid, parent_checkpoint=self.ledger.version(parent).checkpoint,
-          bindings=self._gin(values()), seed=seed, workdir=str(self._vdir(vid))),
+          bindings=[*self._gin(values()), *extra], seed=seed,
+          workdir=str(self._vdir(vid))),
           on_retry=lambda f: self._infra_retry(vid, f))
     except infra.InfraFailure as f:  # not evidence: the version stays untried (infra.py)
       with self.ledger.transaction():
@@ -503,7 +549,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
                        "intervention": changes.get(v.id, "(root)" if v.parent is None else ""),
                        "heldout_avg8": None if avg8 is None or (isinstance(avg8, float)
                                                                 and math.isnan(avg8)) else avg8,
-                       "proxy_reward": v.metrics.get("proxy_reward"), "reason": v.reason,
+                       "proxy_reward": v.metrics.get("proxy_reward"),
+                       "steps": v.metrics.get("steps"), "reason": v.reason,
                        "verdict": v.heldout.get("verdict"),
                        "validators": v.heldout.get("validators", {})})
     wall = self.ledger.get_meta("controller/wall_s", 0.0) + time.time() - self._t0

@@ -33,6 +33,10 @@ from evotrainer.evolution.trainer import BranchResult
 CONTROL = {"id": "control", "control": True,
            "description": "control: the parent continued unchanged"}
 
+# The decision record's intervention of a generation's continuation (controller.py).
+CONTINUE = {"id": "continue", "continuation": True,
+            "description": "continuation: the incumbent trained further unchanged"}
+
 _CATEGORY = {"reward": "reward design", "filter": "filter mechanism",
              "harness": "filter mechanism"}
 
@@ -198,6 +202,38 @@ class Promotion:
                         f"{outcomes[x['version']][0]}")
     if suspect:
       self.progress.say(suspect)
+
+  def _settle_continuation(self, gen: int, vid: str, did: str, parent: str,
+                           r: BranchResult, seed: int) -> None:
+    """The verdict on a generation's continuation `vid` (its parent trained further
+    unchanged): promoted (verdict 'continued') unless a validator fails ('validator') or
+    it is worse than the parent beyond noise ('collapsed' / 'worse_beyond_noise'), which
+    rejects it. More training of the kept lineage is the default action, as in a static
+    run, so it needs no gain beyond noise; only a regression beyond noise stops it."""
+    x = self._judge(vid, r, parent, seed)
+    ci = self._ci(x, parent)
+    if x["failed"]:
+      verdict, why = "validator", self._validator_rejection(x, ci)
+    elif x["hi"] < 0:
+      verdict = ("collapsed" if x["avg8"] < self.collapse_fraction * x["parent_avg8"]
+                 else "worse_beyond_noise")
+      why = f"continuation {verdict.replace('_', ' ')}: {ci}"
+    else:
+      verdict, why = "continued", f"continued training, not worse beyond noise: {ci}"
+    found = ([self._collapse_finding(x)] if verdict == "collapsed" else []) + x["drift"]
+    with self.ledger.transaction():
+      self.ledger.update_decision(did, outcome="success" if verdict == "continued"
+                                  else "failure", why=why)
+      self.ledger.update_version(vid, heldout={**self.ledger.version(vid).heldout,
+                                               "verdict": verdict})
+      if found:
+        self.ledger.add_findings(vid, found, stage="verify")
+      if verdict == "continued":
+        self.ledger.promote(vid, why)
+      else:
+        self.ledger.reject(vid, why)
+    what = "PROMOTED" if verdict == "continued" else "rejected"
+    self.progress.say(f"{vid} (continuation) {what}: {why}")
 
   def _collapse_finding(self, x: Mapping):
     """A 'collapse' finding for a collapsed branch, with its evidence: the two ends of its
@@ -373,4 +409,4 @@ class Promotion:
     return name
 
 
-__all__ = ["CONTROL", "Promotion"]
+__all__ = ["CONTINUE", "CONTROL", "Promotion"]

@@ -49,6 +49,12 @@ def test_code_arms_run_the_code_gin_files_at_equal_steps():
                       control=False)
   assert math["total_steps"] == (1 + 4 * 2) * 50
   assert math["static"][0] == ["gin/math_train.gin"] and math["evotrainer"][0] == ["gin/math.gin"]
+  # Continuations count too: the root + 4 x (2 branches + control) x 25 + 4 x 75.
+  cont = arm_launches("math", seed=0, generations=4, branches=2, branch_steps=25,
+                      control=True, continue_steps=75)
+  assert cont["total_steps"] == 25 + 4 * 3 * 25 + 4 * 75 == 625
+  assert "train.steps = 625" in cont["static"][1]
+  assert "evolve.continue_steps = 75" in cont["evotrainer"][1]
 
 
 @pytest.mark.parametrize("domain", ["math", "code"])

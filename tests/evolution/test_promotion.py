@@ -487,3 +487,92 @@ def test_a_rejection_names_every_failed_validator_with_its_reason():
   assert Promotion._validator_rejection({"failed": failed}, "avg8 -0.3") == (
       "rejected by validator training_stability, canary_prompts: training_stability: fail, "
       "3 drift; canary_prompts: fail, -0.5 below (avg8 -0.3)")
+
+
+# ------------------------------------------------------------------ continuation
+
+
+class RecordingShiftTrainer(ContinueTrainer):
+  """ContinueTrainer that records each training's bindings and seed."""
+
+  def __init__(self, shifts, gain):
+    super().__init__(shifts, gain)
+    self.seen = {}
+
+  def train(self, **kw):
+    self.seen[kw["version"]] = (list(kw["bindings"]), kw["seed"])
+    return super().train(**kw)
+
+
+def test_the_continuation_trains_the_winner_further_and_becomes_the_incumbent(tmp_path):
+  # 'rloo' beats the control by +0.1 everywhere: kept; then v1.x continues v1.0.
+  trainer = RecordingShiftTrainer({"'rloo'": _shift(1.0, 0.1, 0.0)}, 0.15)
+  c, ledger, _ = make(tmp_path, {}, branches=1, generations=2, trainer=trainer,
+                      continue_steps=7)
+  _one_knob(c, "Harness.estimator").run()
+  assert trainer.calls == ["v0", "v1.0", "v1.c", "v1.x", "v2.0", "v2.c", "v2.x"]
+  x = ledger.version("v1.x")
+  assert x.parent == "v1.0" and x.bindings == {}
+  # It trains under its parent's values, its own step count and its own seed.
+  bindings, seed = trainer.seen["v1.x"]
+  assert bindings == ["Harness.estimator = 'rloo'", "train.steps = 7"]
+  assert seed == trainer.seen["v1.0"][1] + 500
+  # Equal scores to its parent (this trainer's gain does not compound): not worse beyond
+  # noise, so promoted; generation 2 starts from it. There 'grpo' again loses to the
+  # control, the control equals its parent (pruned), and v2.x continues v1.x.
+  assert x.heldout["diff"] == 0 and x.heldout["hi"] == 0
+  assert x.status == "kept" and x.heldout["verdict"] == "continued"
+  assert ledger.version("v2.0").status == "rejected"
+  assert ledger.version("v2.c").parent == "v1.x" and ledger.version("v2.c").status == "pruned"
+  assert ledger.version("v2.x").parent == "v1.x" and ledger.incumbent().id == "v2.x"
+  d = ledger.decisions(version="v1.x")[0]
+  assert d.outcome == "success" and d.intervention["continuation"] is True
+  s = json.loads((tmp_path / "run" / "summary.json").read_text())
+  assert {v["id"]: v["steps"] for v in s["versions"]}["v1.x"] == 10  # the trainer's count
+
+
+@pytest.mark.parametrize("effect,verdict", [
+    ({"delta": -0.15}, "worse_beyond_noise"),
+    ({"delta": -0.5}, "collapsed"),
+    ({"delta": 0.3, "hack": True}, "validator")])
+def test_a_continuation_that_regresses_or_fails_a_validator_is_rejected(tmp_path, effect,
+                                                                         verdict):
+  c, ledger, _ = make(tmp_path, {"train.steps = 7": effect}, branches=1, continue_steps=7)
+  _one_knob(c, "Harness.estimator").run()
+  x = ledger.version("v1.x")
+  assert x.status == "rejected" and x.heldout["verdict"] == verdict
+  assert ledger.incumbent().id != "v1.x" and ledger.incumbent().id == x.parent
+  assert ledger.decisions(version="v1.x")[0].outcome == "failure"
+  if verdict == "validator":
+    assert "proxy_true_disagreement" in x.reason
+  else:
+    assert x.heldout["hi"] < 0
+
+
+@pytest.mark.parametrize("crash_at", [4, 5])
+def test_resume_after_a_crash_around_the_continuation(tmp_path, crash_at):
+  from evotrainer.evolution.controller import Controller
+  from evotrainer.evolution.ledger import Ledger
+  from tests.evolution.test_controller import lineage, space
+  effects = {"'rloo'": {"delta": 0.2}}
+  full, lf, _ = make(tmp_path, effects, name="full", branches=2, generations=2,
+                     continue_steps=5)
+  full.run()
+  # Trainings v0, v1.0, v1.1, v1.c, v1.x, v2.0, ...: 4 crashes in v1.x, 5 right after it.
+  trainer = ScriptedTrainer(effects, crash_at=crash_at)
+  c, _, _ = make(tmp_path, effects, name="crash", trainer=trainer, branches=2,
+                 generations=2, continue_steps=5)
+  with pytest.raises(BaseException):
+    c.run()
+  ledger2 = Ledger(tmp_path / "crash" / "ledger.sqlite")
+  t2 = ScriptedTrainer(effects)
+  Controller(ledger2, t2, space(), SkillLibrary(tmp_path / "crash" / "skills"),
+             workdir=tmp_path / "crash", values=VALUES, seed=3, bootstrap_n=1000,
+             branches=2, generations=2, continue_steps=5).run()
+  assert lineage(ledger2) == lineage(lf)
+  assert sorted(trainer.calls + t2.calls) == sorted(v.id for v in lf.versions())
+
+
+def test_continue_steps_must_not_be_negative(tmp_path):
+  with pytest.raises(ValueError, match="continue_steps"):
+    make(tmp_path, {}, continue_steps=-1)
