@@ -4,6 +4,7 @@ The children are real processes (tests/infra_child.py) that crash as planted."""
 
 import json
 import os
+import pathlib
 import sys
 
 import pytest
@@ -16,13 +17,20 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class PlantedTrainer(SubprocessTrainer):
-  """SubprocessTrainer whose child is tests/infra_child.py, failing as `plan` says."""
+  """SubprocessTrainer whose child is tests/infra_child.py, failing as `plan` says. A
+  child planted to time out gets `timeout_s`; the others get 300 s, so that a loaded
+  machine (a child's imports alone can take 10 s) does not turn them into timeouts."""
 
   def __init__(self, plan_file, timeout_s=30):
     path = os.environ.get("PYTHONPATH", "")
     super().__init__([], timeout_s=timeout_s,
                      env={"PYTHONPATH": REPO + (os.pathsep + path if path else "")})
-    self.plan_file = str(plan_file)
+    self.plan_file, self.planted_timeout_s = str(plan_file), timeout_s
+
+  def train(self, **kw):
+    plan = json.loads(pathlib.Path(self.plan_file).read_text()).get(kw["version"], ["ok"])
+    self.timeout_s = self.planted_timeout_s if "timeout" in plan else 300
+    return super().train(**kw)
 
   def command(self, *, version, parent_checkpoint, bindings, seed, workdir):
     return [sys.executable, "-m", "tests.infra_child", workdir, version,
