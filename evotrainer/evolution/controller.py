@@ -223,7 +223,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     if not self.ledger.get_meta(f"controller/harness_done/{gen}"):
       self._evolve_harness(gen, plan)
     if self.continue_steps and not self.ledger.get_meta(f"controller/continued/{gen}"):
-      self._continue(gen, plan)
+      self._continue(gen)
 
   # ---------------------------------------------------------------- setup
 
@@ -464,7 +464,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     return self._train_version(vid, parent, did, aid, plan["seed"],
                                lambda: self.values(parent), what="control")
 
-  def _continue(self, gen: int, plan: Mapping) -> None:
+  def _continue(self, gen: int) -> None:
     """Trains the generation's continuation `v<gen>.x` (the incumbent after verification,
     unchanged, `continue_steps` steps, its own seed) and settles it: promoted unless it is
     worse than its parent beyond noise or a validator fails (`Promotion._settle_continuation`)."""
