@@ -489,7 +489,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     infra.settle_generation(self.ledger, gen, [{"version": vid}], {vid: r},
                             self._infra_failed)
     if r is not None and self.ledger.version(vid).status == "running":
-      self._settle_continuation(gen, vid, did, parent, r, seed=self.seed * 7919 + gen)
+      self._settle_continuation(gen, vid, did, parent, r)
     self.ledger.set_meta(f"controller/continued/{gen}", {
         "version": vid, "status": self.ledger.version(vid).status})
 

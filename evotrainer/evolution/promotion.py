@@ -125,7 +125,7 @@ class Promotion:
     return x["lo"] > 0 and x["holm"]
 
   def _evaluate(self, gen: int, plan: Mapping, results: Mapping) -> None:
-    parent, seed = plan["parent"], self.seed * 7919 + gen
+    parent, seed = plan["parent"], self._bootstrap_seed(gen)
     pev = self.evidence(parent)
     ctrl = plan.get("control")
     cres = results.get(ctrl["version"]) if ctrl else None
@@ -203,20 +203,27 @@ class Promotion:
     if suspect:
       self.progress.say(suspect)
 
+  def _bootstrap_seed(self, gen: int) -> int:
+    """The paired bootstrap's seed for generation `gen`'s verdicts."""
+    return self.seed * 7919 + gen
+
+  def _collapsed(self, x: Mapping) -> bool:
+    """Worse than the parent beyond noise and below `collapse_fraction` of its score."""
+    return x["hi"] < 0 and x["avg8"] < self.collapse_fraction * x["parent_avg8"]
+
   def _settle_continuation(self, gen: int, vid: str, did: str, parent: str,
-                           r: BranchResult, seed: int) -> None:
+                           r: BranchResult) -> None:
     """The verdict on a generation's continuation `vid` (its parent trained further
     unchanged): promoted (verdict 'continued') unless a validator fails ('validator') or
     it is worse than the parent beyond noise ('collapsed' / 'worse_beyond_noise'), which
     rejects it. More training of the kept lineage is the default action, as in a static
     run, so it needs no gain beyond noise; only a regression beyond noise stops it."""
-    x = self._judge(vid, r, parent, seed)
+    x = self._judge(vid, r, parent, self._bootstrap_seed(gen))
     ci = self._ci(x, parent)
     if x["failed"]:
       verdict, why = "validator", self._validator_rejection(x, ci)
     elif x["hi"] < 0:
-      verdict = ("collapsed" if x["avg8"] < self.collapse_fraction * x["parent_avg8"]
-                 else "worse_beyond_noise")
+      verdict = "collapsed" if self._collapsed(x) else "worse_beyond_noise"
       why = f"continuation {verdict.replace('_', ' ')}: {ci}"
     else:
       verdict, why = "continued", f"continued training, not worse beyond noise: {ci}"
@@ -297,7 +304,7 @@ class Promotion:
       return "inert"
     if x is best:
       return "continued" if x.get("control") else "kept"
-    if x["hi"] < 0 and x["avg8"] < self.collapse_fraction * x["parent_avg8"]:
+    if self._collapsed(x):
       return "collapsed"
     if x.get("control"):
       return "control"
