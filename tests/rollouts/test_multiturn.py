@@ -229,14 +229,19 @@ def test_overlap_waves_sample_what_lock_step_samples(model, sampler):
 
 
 class _TimedSampler:
-  """The sampler, recording the (start, end) of each call until its results are ready."""
+  """The sampler, recording the (start, end) of each call until its results are ready.
+  A call lasts at least `min_s`: the tiny model samples a turn in ~3 ms, less than a
+  loaded machine can take to start a tool's thread, which would then begin after the
+  call it was submitted before."""
 
-  def __init__(self, sampler):
+  def __init__(self, sampler, min_s=0.05):
     self.inner, self.config, self.mesh, self.calls = sampler, sampler.config, None, []
+    self.min_s = min_s
 
   def __call__(self, *args, **kw):
     start = time.monotonic()
     out = jax.block_until_ready(self.inner(*args, **kw))
+    time.sleep(max(0.0, start + self.min_s - time.monotonic()))
     self.calls.append((start, time.monotonic()))
     return out
 
