@@ -26,7 +26,8 @@ test, `validation_means` (the same on validation), `diff_vs_static` and
 `diff_recipe_vs_static` {mean, lo, hi}, `selection_gap` (mean over seeds of the
 evotrainer incumbent's validation gain over its root minus its test gain), `steps`,
 `arms` (per seed), `config`, `wall_s`. A finished arm in `--workdir` is read back, not
-rerun.
+rerun. `--arms static,evotrainer` runs a subset (static is always needed); an arm not run
+has no mean and no difference (null).
 """
 
 from __future__ import annotations
@@ -165,6 +166,8 @@ def main(argv=None) -> dict:
                   help="evolution arms without control branches (evolve.control = False)")
   ap.add_argument("--gin_bindings", action="append", default=[],
                   help="extra bindings for every arm (e.g. a smaller eval for a smoke run)")
+  ap.add_argument("--arms", default=",".join(ARMS),
+                  help=f"comma-separated subset of {','.join(ARMS)} (static always runs)")
   ap.add_argument("--json", default=None, help="write the result here too")
   args = ap.parse_args(argv)
   d = DOMAINS[args.domain]
@@ -176,10 +179,14 @@ def main(argv=None) -> dict:
   root.mkdir(parents=True, exist_ok=True)
   seeds = [int(s) for s in args.seeds.split(",")]
   control = not args.no_control
-  arms: dict = {a: {} for a in ARMS}
+  run_arms = [a for a in ARMS if a in set(args.arms.split(",")) | {"static"}]
+  unknown = set(args.arms.split(",")) - set(ARMS)
+  if unknown:
+    ap.error(f"--arms: unknown {sorted(unknown)}; expected a subset of {list(ARMS)}")
+  arms: dict = {a: {} for a in run_arms}
   t0 = time.time()
   for seed in seeds:
-    for arm in ("evotrainer", "recipe_search", "static"):
+    for arm in sorted(run_arms, key=("evotrainer", "recipe_search", "static").index):
       wd = root / f"{arm}-s{seed}"
       launches = arm_launches(args.domain, seed, generations, branches, branch_steps,
                               control, args.gin_bindings, continue_steps)
@@ -195,12 +202,15 @@ def main(argv=None) -> dict:
       print(f"[bench] seed {seed} {arm}: test Avg@8 {arms[arm][seed]['test']:.4f} "
             f"(validation {arms[arm][seed]['validation']:.4f}; {time.time() - t:.0f}s)",
             flush=True)
-  means = {a: statistics.mean(arms[a][s]["test"] for s in seeds) for a in ARMS}
-  vmeans = {a: statistics.mean(arms[a][s]["validation"] for s in seeds) for a in ARMS}
-  pairs = lambda a: [(arms[a][s]["per_problem"], arms["static"][s]["per_problem"])  # noqa: E731
-                     for s in seeds]
+  means = {a: statistics.mean(arms[a][s]["test"] for s in seeds) if a in arms else None
+           for a in ARMS}
+  vmeans = {a: statistics.mean(arms[a][s]["validation"] for s in seeds) if a in arms
+            else None for a in ARMS}
+  none = {"mean": None, "lo": None, "hi": None}
+  diff = lambda a: none if a not in arms else paired_interval(  # noqa: E731
+      [(arms[a][s]["per_problem"], arms["static"][s]["per_problem"]) for s in seeds])
   gaps = [arms["evotrainer"][s]["selection_gap"] for s in seeds
-          if arms["evotrainer"][s]["selection_gap"] is not None]
+          if "evotrainer" in arms and arms["evotrainer"][s]["selection_gap"] is not None]
   out = {"benchmark": "evolve_vs_static", "split": "test", "seeds": seeds,
          "config": {"domain": args.domain, "generations": generations, "branches": branches,
                     "branch_steps": branch_steps, "continue_steps": continue_steps,
@@ -208,14 +218,14 @@ def main(argv=None) -> dict:
                     "extra_bindings": args.gin_bindings},
          "steps": {"total_per_arm": launches["total_steps"]},
          "means": means, "validation_means": vmeans,
-         "diff_vs_static": paired_interval(pairs("evotrainer")),
-         "diff_recipe_vs_static": paired_interval(pairs("recipe_search")),
+         "diff_vs_static": diff("evotrainer"),
+         "diff_recipe_vs_static": diff("recipe_search"),
          "selection_gap": statistics.mean(gaps) if gaps else None,
          "arms": {a: {str(s): {k: v for k, v in arms[a][s].items() if k != "per_problem"}
-                      for s in seeds} for a in ARMS},
+                      for s in seeds} for a in arms},
          "wall_s": round(time.time() - t0, 1)}
   print("\narm (test Avg@8)  " + "  ".join(f"seed {s}" for s in seeds) + "   mean")
-  for a in ARMS:
+  for a in arms:
     print(f"{a:17s} " + "  ".join(f"{arms[a][s]['test']:.4f}" for s in seeds)
           + f"   {means[a]:.4f}")
   text = json.dumps(out, indent=2)

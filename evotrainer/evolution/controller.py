@@ -6,7 +6,9 @@ Per generation (`Controller.run`):
               escalation on the same incumbent also rolls back to its last good ancestor
   diagnose    the incumbent: active diagnostics over its stored training episodes (or its
               training series when no rollouts are stored) -> findings in the ledger
-  propose     hypotheses ("change X, expect Y because Z"), see proposers.py
+  propose     hypotheses ("change X, expect Y because Z"), see proposers.py; never a
+              change already tried from the incumbent, nor one refuted on an ancestor
+              whose value the incumbent still holds (`_excluded`: negative evidence)
   backtest    harness-side interventions (reward parts, filters, estimator) are replayed
               on the incumbent's cached rollouts (`backtester`); failures are 'dropped'
   train       K single-factor branches from the same parent with the same seed (common
@@ -70,7 +72,8 @@ from evotrainer.evolution.harness_evolution import (DEFAULT_DIAGNOSTICS, DEFAULT
                                                     HarnessEvolution)
 from evotrainer.evolution.ledger import ROOT, Ledger, VersionRecord
 from evotrainer.evolution.progress import Progress
-from evotrainer.evolution.promotion import CONTINUE, CONTROL, Promotion, _avg8, _proxy
+from evotrainer.evolution.promotion import (CONTINUE, CONTROL, REFUTED, Promotion, _avg8,
+                                            _proxy)
 from evotrainer.evolution.proposers import Hypothesis, propose
 from evotrainer.evolution.search_space import SearchSpace, canonical, format_value
 from evotrainer.evolution.skills import SkillLibrary
@@ -370,8 +373,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
       hist = self.ledger.binding_history(inc.id, b)
       if len(hist) >= 2:
         previous[b] = hist[-2][1]
-    tried = [d.intervention["id"] for d in self.ledger.decisions(parent=inc.id)
-             if "id" in d.intervention]
+    tried = self._excluded(inc.id)
     hyps = propose(self.proposer, findings=findings, values=values, space=self.space,
                    skills=self.skills, rng=random.Random(self.seed * 1_000_003 + gen),
                    k=self.k, exclude=tried, previous=previous,
@@ -406,6 +408,24 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     return {"parent": inc.id, "seed": self._train_seed(gen), "branches": branches,
             "control": control, "dropped": dropped, "escalation": esc or None,
             "harness": self.ledger.get_meta("controller/harness")}
+
+  def _excluded(self, vid: str) -> list:
+    """Intervention ids not to propose from `vid`: every change already tried from it,
+    and every change refuted on one of its ancestors (negative evidence carried along the
+    lineage): its branch failed a validator, collapsed, or scored worse than its reference
+    beyond noise. An id names the binding's old and new value, so an ancestor's refuted
+    change is excluded only while `vid` still holds the value it changed; a change that
+    was merely not beyond noise there stays eligible (inconclusive, not refuted)."""
+    out = []
+    for v in self.ledger.lineage(vid):
+      for d in self.ledger.decisions(parent=v.id):
+        iv = d.intervention
+        if "binding" not in iv:
+          continue  # a control or a continuation: no change to exclude
+        if v.id == vid or (d.version_id and self.ledger.version(d.version_id)
+                           .heldout.get("verdict") in REFUTED):
+          out.append(iv["id"])
+    return out
 
   def _backtest(self, h: Hypothesis, r: BranchResult, vid: str,
                 values: Mapping) -> Optional[dict]:

@@ -37,6 +37,10 @@ CONTROL = {"id": "control", "control": True,
 CONTINUE = {"id": "continue", "continuation": True,
             "description": "continuation: the incumbent trained further unchanged"}
 
+# Verdicts that refute a change (`_verdict`): the controller never proposes it again
+# from a descendant that still holds the value it changed (controller._excluded).
+REFUTED = ("validator", "collapsed", "worse_beyond_noise")
+
 _CATEGORY = {"reward": "reward design", "filter": "filter mechanism",
              "harness": "filter mechanism"}
 
@@ -416,4 +420,4 @@ class Promotion:
     return name
 
 
-__all__ = ["CONTINUE", "CONTROL", "Promotion"]
+__all__ = ["CONTINUE", "CONTROL", "Promotion", "REFUTED"]

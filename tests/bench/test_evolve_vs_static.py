@@ -79,3 +79,11 @@ def test_the_static_arm_evaluates_on_the_evolutions_problems(domain):
     finally:
       gin.clear_config()
   assert seen["static"] == seen["evotrainer"]
+
+
+def test_an_unknown_arm_is_refused_before_anything_runs(tmp_path, capsys):
+  from bench.evolve_vs_static import main
+  with pytest.raises(SystemExit):
+    main(["--arms", "static,evotrainr", "--workdir", str(tmp_path / "w"), "--seeds", "0"])
+  assert "unknown ['evotrainr']" in capsys.readouterr().err
+  assert not any((tmp_path / "w").glob("*-s0*"))  # no arm was launched

@@ -268,6 +268,30 @@ def test_escalation_ordering_switches_layer_and_prefers_subtraction():
   assert base[0].intervention.id not in {h.intervention.id for h in tried}
 
 
+def test_a_change_refuted_on_an_ancestor_is_not_proposed_again(tmp_path):
+  # Generation 1 tries all 5 single-factor changes from v0: 'rloo' wins, the learning
+  # rate 1e-5 -> 2e-5 is worse beyond noise, the others are noise. Generation 2 starts
+  # from the 'rloo' branch, which still holds lr 1e-5, so the same change (same id) is
+  # available again: it is refuted, so it is not proposed; the inconclusive ones are.
+  effects = {"'rloo'": {"delta": 0.2}, "2e-05": {"delta": -0.2}}
+  c, ledger, _ = make(tmp_path, effects, branches=5, generations=2, proposer="random",
+                      validators=[])
+  c.run()
+  gen = lambda g: {d.intervention["description"]: ledger.version(d.version_id)  # noqa: E731
+                   for d in changes(ledger) if d.id.startswith(f"g{g}-")}
+  first, second = gen(1), gen(2)
+  lr = "Learner.learning_rate: 1e-05 -> 2e-05"
+  assert len(first) == 5 and first[lr].heldout["verdict"] == "worse_beyond_noise"
+  kept = next(v for v in first.values() if v.status == "kept")
+  assert kept.bindings == {"Harness.estimator": "rloo"}
+  assert ledger.get_meta("controller/plan/2")["parent"] == kept.id
+  inconclusive = {d for d, v in first.items()
+                  if v.heldout["verdict"].startswith("not_beyond_noise")}
+  assert inconclusive  # the test needs changes that were tried without a verdict
+  assert lr not in second
+  assert inconclusive <= set(second)  # not refuted: eligible again from the new incumbent
+
+
 def test_failing_eval_check_halts_with_a_record(tmp_path):
   from evotrainer.evolution.controller import EvaluationPipelineError
   worse = {k: {"delta": -0.2} for k in ("'rloo'", "2e-05", "'hack'", "group_size")}
