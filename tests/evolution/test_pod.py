@@ -236,13 +236,13 @@ TIMEOUT_S = 1200  # per run; a hang guard, generous for 2 shared cores and 2 tes
 RTOL = 1e-5
 
 
-def _argv(workdir: pathlib.Path, cache: pathlib.Path) -> list:
+def _argv(workdir: pathlib.Path, cache: pathlib.Path, extra: tuple = ()) -> list:
   bindings = ["evolve.generations = 1", "evolve.branches = 1", "evolve.branch_steps = 1",
               "evolve.control = False", *TINY_RL_BINDINGS,
               f"make_tokenizer.cache_dir = '{cache}'"]
   return [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
           "--gin_file=gin/tiny.gin", "--gin_file=gin/mesh/data.gin",
-          f"--workdir={workdir}", *[f"--gin_bindings={b}" for b in bindings]]
+          f"--workdir={workdir}", *[f"--gin_bindings={b}" for b in bindings], *extra]
 
 
 def _record(workdir: pathlib.Path) -> tuple:
@@ -271,13 +271,8 @@ def _orbax_or_own_log(p: pathlib.Path) -> bool:
            p.parts[2] == "branch.process1.log"))
 
 
-@pytest.mark.slow
-def test_evolve_two_processes_match_one(tmp_path):
-  cache = tmp_path / "tokenizers"
-  one, two = tmp_path / "one", tmp_path / "two"
-  one_and_two(lambda workdir: _argv(workdir, cache), tmp_path, TIMEOUT_S)
-
-  # The same lineage, decisions and scores.
+def _same_record(one: pathlib.Path, two: pathlib.Path) -> tuple:
+  """The two runs' `_record`s, asserted equal (scores within RTOL); returns the first."""
   ref, got = _record(one), _record(two)
   assert got[0] == ref[0] and got[1] == ref[1], (ref, got)
   assert got[2].keys() == ref[2].keys()
@@ -286,6 +281,28 @@ def test_evolve_two_processes_match_one(tmp_path):
     for k in s:
       assert _close(s[k], got[2][vid][k]), (vid, k, s[k], got[2][vid][k])
     print(f"{vid}: " + ", ".join(f"{k} {s[k]} vs {got[2][vid][k]}" for k in s))
+  return ref
+
+
+def _trained_across_processes(two: pathlib.Path, versions: tuple, w1: set) -> None:
+  """Every version trained across both processes (process 1's child logged its step);
+  process 1 wrote only Orbax files and its children's logs."""
+  for vid in versions:
+    log1 = (two / "versions" / vid / "branch.process1.log").read_text()
+    assert "[train] process 1 step 1:" in log1, log1[-3000:]
+    assert "devices=4" in (two / "versions" / vid / "branch.log").read_text()
+  assert not [p for p in w1 if not _orbax_or_own_log(p)], sorted(map(str, w1))
+  assert any(p.parts[2] == "checkpoints" for p in w1)  # the branches did span process 1
+
+
+@pytest.mark.slow
+def test_evolve_two_processes_match_one(tmp_path):
+  cache = tmp_path / "tokenizers"
+  one, two = tmp_path / "one", tmp_path / "two"
+  one_and_two(lambda workdir: _argv(workdir, cache), tmp_path, TIMEOUT_S)
+
+  # The same lineage, decisions and scores.
+  ref = _same_record(one, two)
   # ... a lineage with a decision in it, and proxy rewards far from zero (their equality
   # says something).
   versions, incumbent = ref[0]
@@ -293,17 +310,35 @@ def test_evolve_two_processes_match_one(tmp_path):
   assert [d[3] for d in ref[1]] and all(d[3] for d in ref[1]), ref[1]
   assert all(s["proxy_reward"] < -0.05 for s in ref[2].values()), ref[2]
 
-  # Every branch trained across both processes: process 1's child logged its step.
-  for vid in ("v0", "v1.0"):
-    log1 = (two / "versions" / vid / "branch.process1.log").read_text()
-    assert "[train] process 1 step 1:" in log1, log1[-3000:]
-    assert "devices=4" in (two / "versions" / vid / "branch.log").read_text()
-
-  # One ledger, one summary: process 0's. Process 1 wrote only Orbax files and its log.
+  # Every branch trained across both processes; one ledger, one summary: process 0's.
   w0, w1 = writes(tmp_path / "writes0.txt", two), writes(tmp_path / "writes1.txt", two)
+  _trained_across_processes(two, ("v0", "v1.0"), w1)
   for name in ("ledger.sqlite", "summary.json", "report.html"):
     assert pathlib.Path(name) in w0, (name, sorted(map(str, w0))[:50])
-  assert not [p for p in w1 if not _orbax_or_own_log(p)], sorted(map(str, w1))
-  assert any(p.parts[2] == "checkpoints" for p in w1)  # the branches did span process 1
   summary = json.loads((two / "summary.json").read_text())
   assert [v["id"] for v in summary["versions"]] == ["v0", "v1.0"]
+
+
+@pytest.mark.slow
+def test_sweep_two_processes_match_one(tmp_path):
+  """`run.mode='sweep'` through the launcher as 2 processes x 2 devices: process 0 runs
+  the sweep driver, the root and the variant train across both processes, and the run
+  ends as the 1-process sweep does (one ledger, the same versions and scores)."""
+  cache = tmp_path / "tokenizers"
+  one, two = tmp_path / "one", tmp_path / "two"
+  sweep_file = tmp_path / "one.sweep"
+  sweep_file.write_text("[variant rloo]\nHarness.estimator = 'rloo'\n")
+  extra = ("--gin_bindings=run.mode = 'sweep'", f"--sweep_file={sweep_file}")
+  one_and_two(lambda workdir: _argv(workdir, cache, extra), tmp_path, TIMEOUT_S)
+  ref = _same_record(one, two)
+  assert [v[:2] for v in ref[0][0]] == [("v0", None), ("s-rloo", "v0")]
+  w0, w1 = writes(tmp_path / "writes0.txt", two), writes(tmp_path / "writes1.txt", two)
+  _trained_across_processes(two, ("v0", "s-rloo"), w1)
+  assert pathlib.Path("ledger.sqlite") in w0 and pathlib.Path("summary.json") in w0
+  summary = json.loads((two / "summary.json").read_text())
+  assert summary["mode"] == "sweep" and [r["variant"] for r in summary["sweep"]] == ["rloo"]
+  single = json.loads((one / "summary.json").read_text())["sweep"]
+  assert [(r["variant"], r["status"]) for r in summary["sweep"]] == [
+      (r["variant"], r["status"]) for r in single]
+  assert _close([r["heldout_avg8"] for r in summary["sweep"]],
+                [r["heldout_avg8"] for r in single])

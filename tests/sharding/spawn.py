@@ -115,20 +115,21 @@ def format_logs(codes: Sequence, logs: Sequence[str], tail: int = 6000) -> str:
 
 
 def one_and_two(argv: Callable[[pathlib.Path], Sequence[str]], tmp_path: pathlib.Path,
-                timeout_s: float) -> list:
+                timeout_s: float, phase: str = "") -> list:
   """Runs `argv(tmp_path / 'one')` as 1 process x 4 devices and, at the same time (the
   test machine's cores are better used), `argv(tmp_path / 'two')` as 2 processes x 2
-  devices whose writes go to `tmp_path / 'writes<i>.txt'`; both must exit 0. Returns the
-  2-process run's logs."""
+  devices whose writes go to `tmp_path / 'writes<i><phase>.txt'`; both must exit 0.
+  Returns the 2-process run's logs. A later `phase` (a relaunch on the same workdirs)
+  keeps its logs apart."""
   for d in ("logs1", "logs2"):
-    (tmp_path / d).mkdir()
-  one = start_processes(argv(tmp_path / "one"), [process_env(4)], tmp_path / "logs1")
+    (tmp_path / f"{d}{phase}").mkdir()
+  one = start_processes(argv(tmp_path / "one"), [process_env(4)], tmp_path / f"logs1{phase}")
   port = free_port()
   envs = [process_env(2, port=port, process_id=i, num_processes=2, pythonpath=[AUDIT],
-                      extra={"EVO_AUDIT_LOG": str(tmp_path / f"writes{i}.txt")})
+                      extra={"EVO_AUDIT_LOG": str(tmp_path / f"writes{i}{phase}.txt")})
           for i in range(2)]
-  codes, logs = start_processes(argv(tmp_path / "two"), envs, tmp_path / "logs2").wait(
-      timeout_s)
+  codes, logs = start_processes(argv(tmp_path / "two"), envs,
+                                tmp_path / f"logs2{phase}").wait(timeout_s)
   codes1, logs1 = one.wait(timeout_s)
   assert codes1 == [0], format_logs(codes1, logs1)
   assert codes == [0, 0], format_logs(codes, logs)

@@ -17,7 +17,9 @@ What must hold:
   doubled or permuted against their advantages) changes these by percents;
 * only process 0 wrote the run's files (metrics, rollouts, summary, operative config):
   an audit hook (tests/sharding/audit/sitecustomize.py) lists every file each process
-  writes; process 1 may write only inside checkpoints/, which Orbax saves collectively.
+  writes; process 1 may write only inside checkpoints/, which Orbax saves collectively;
+* relaunched with one more step, both runs resume from their step-2 checkpoint and the
+  2-process step 3 equals the 1-process step 3 in the same way.
 
 The model is not warm-started (saves a minute of CPU): its reward is a length penalty
 plus the task's partial-credit part, which vary between completions, so the advantages,
@@ -44,8 +46,8 @@ RTOL, ATOL = 1e-5, 1e-6
 STEP_LINE = re.compile(r"^\[train\] process (\d+) step (\d+): (\{.*\})$", re.M)
 
 
-def _argv(workdir: pathlib.Path, cache: pathlib.Path) -> list:
-  bindings = [f"train.steps = {STEPS}", "train.checkpoint_every = 2", *TINY_RL_BINDINGS,
+def _argv(workdir: pathlib.Path, cache: pathlib.Path, steps: int = STEPS) -> list:
+  bindings = [f"train.steps = {steps}", "train.checkpoint_every = 2", *TINY_RL_BINDINGS,
               f"make_tokenizer.cache_dir = '{cache}'"]
   return [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math_train.gin",
           "--gin_file=gin/tiny.gin", "--gin_file=gin/mesh/data.gin",
@@ -59,7 +61,7 @@ def _train_rows(workdir: pathlib.Path) -> list:
 
 
 @pytest.mark.slow
-def test_train_two_processes_match_one(tmp_path):
+def test_train_two_processes_match_one_and_resume_as_one(tmp_path):
   cache = tmp_path / "tokenizers"
   one, two = tmp_path / "one", tmp_path / "two"
   logs = one_and_two(lambda workdir: _argv(workdir, cache), tmp_path, TIMEOUT_S)
@@ -99,6 +101,26 @@ def test_train_two_processes_match_one(tmp_path):
   assert not [p for p in w1 if p.parts[0] != "checkpoints"], sorted(map(str, w1))
   assert (two / "checkpoints" / str(STEPS)).is_dir()
   assert json.loads((two / "summary.json").read_text())["steps"] == STEPS
+
+  # A relaunch with one more step resumes both runs from their Orbax step-2 checkpoint
+  # (every process restores its shards) and trains step 3: the 2-process resume equals
+  # the 1-process resume as the first steps did, and only process 0 writes again.
+  logs = one_and_two(lambda workdir: _argv(workdir, cache, STEPS + 1), tmp_path, TIMEOUT_S,
+                     phase="-resume")
+  for i, log in enumerate(logs):
+    assert f"[train] resumed from step {STEPS} " in log, format_logs([0, 0], logs)
+    assert [int(s) for p, s, _ in STEP_LINE.findall(log) if int(p) == i] == [STEPS + 1]
+  single, multi = _train_rows(one), _train_rows(two)
+  assert [r["step"] for r in multi] == [r["step"] for r in single] == list(range(1, STEPS + 2))
+  a, b = single[-1], multi[-1]
+  for k in EXACT:
+    assert a[k] == b[k], (k, a[k], b[k])
+  for k in LEARNER:
+    assert math.isclose(a[k], b[k], rel_tol=RTOL, abs_tol=ATOL), (k, a[k], b[k])
+  assert a["learner/grad_norm"] > 0.1
+  w1 = writes(tmp_path / "writes1-resume.txt", two)
+  assert not [p for p in w1 if p.parts[0] != "checkpoints"], sorted(map(str, w1))
+  assert json.loads((two / "summary.json").read_text())["steps"] == STEPS + 1
 
 
 _NO_FILE = "run.mode='sweep' needs a sweep file: --sweep_file=PATH or sweep.file"
