@@ -325,10 +325,12 @@ class Promotion:
     """When most branches of the incumbent (its control included) regress beyond noise
     from it, the incumbent itself is suspect: an `unstable_incumbent` finding is recorded
     on it (evidence: the failed branches), its change is learned as a subtraction skill
-    (`_learn_subtraction`), and, unless it is the root, it is demoted as unstable
-    (negative evidence for its change) and the incumbent rolls back to its last good
-    ancestor. The root has nothing to roll back to: it stays, and its finding lets that
-    skill propose the subtraction in the next generation. Runs inside the caller's
+    (`_learn_subtraction`), and, if it was kept for a change of its own, it is demoted
+    as unstable (negative evidence for its change) and the incumbent rolls back to its
+    last good ancestor. The root has nothing to roll back to, and a control or a
+    continuation carries no change that a rollback would remove (it would only discard
+    its training): they stay, and the finding goes into the next generation's diagnosis
+    (where a learned skill can propose the subtraction). Runs inside the caller's
     transaction; returns what was done, or None."""
     from evotrainer.types import Finding
     bad = [x for x in rows if not x.get("inert") and x["hi"] < 0]
@@ -348,6 +350,10 @@ class Promotion:
     inc = self.ledger.version(parent)
     if inc.parent is None:
       return f"{why}: {parent} is the root, nothing to roll back to{also}"
+    if not self._own_change(parent):
+      # A control or continuation changed nothing: rolling it back would remove no change,
+      # only its training (and its validated score). It stays, with its finding.
+      return f"{why}: {parent} carries no change of its own (continued training), kept"
     did = f"g{gen}-suspect"
     self.ledger.add_decision(did, parent, intervention={"demote": parent},
                              hypothesis=f"{parent}'s own change made it unstable: its "
@@ -359,6 +365,11 @@ class Promotion:
     back = self.ledger.incumbent()
     return f"{why}: {parent} demoted, incumbent rolled back to {back and back.id}{also}"
 
+  def _own_change(self, vid: str) -> list:
+    """The decisions that trained `vid` as a change (empty for the root, a control or a
+    continuation)."""
+    return [d for d in self.ledger.decisions(version=vid) if "binding" in d.intervention]
+
   def _learn_subtraction(self, vid: str) -> Optional[str]:
     """Writes (or adds evidence to) the skill "when most branches of an incumbent that
     carries this change fail badly, subtract the change" for the change that made `vid`
@@ -368,7 +379,7 @@ class Promotion:
     the same skill. The root and a control carry no change: None. Returns the name."""
     if not self.learn_skills or self.skills is None:
       return None
-    made = [d for d in self.ledger.decisions(version=vid) if "binding" in d.intervention]
+    made = self._own_change(vid)
     if not made:
       return None
     iv = Intervention.from_dict(made[0].intervention)

@@ -225,6 +225,37 @@ def test_collapsing_children_demote_the_incumbent_and_say_so(tmp_path):
   assert all(verdicts[v.id] == "collapsed" for v in gen2)
 
 
+class PoisonedContinuationTrainer(ScriptedTrainer):
+  """Children of the generation-1 continuation v1.x collapse whatever they change."""
+
+  def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
+    r = super().train(version=version, parent_checkpoint=parent_checkpoint,
+                      bindings=bindings, seed=seed, workdir=workdir)
+    if parent_checkpoint and "/v1.x/" in parent_checkpoint:
+      per = {p: v * 0.2 for p, v in r.per_problem.items()}
+      r = dataclasses.replace(r, per_problem=per,
+                              final={"avg8": sum(per.values()) / len(per)})
+    return r
+
+
+def test_a_suspect_continuation_is_kept_with_its_finding(tmp_path):
+  # Generation 1 keeps a change and continues it as v1.x; every generation-2 branch from
+  # v1.x collapses. v1.x changed nothing: demoting it would remove no change, only its
+  # training, so it stays the incumbent and carries the finding.
+  c, ledger, _ = make(tmp_path, {}, trainer=PoisonedContinuationTrainer(
+      {"'rloo'": {"delta": 0.2}}), branches=2, generations=2, continue_steps=10)
+  c.run()
+  assert ledger.version("v1.x").parent in {"v1.0", "v1.1"}  # the kept change, continued
+  gen2 = [v for v in ledger.versions() if v.id.startswith("v2.") and v.id != "v2.x"]
+  assert len(gen2) == 3 and all(v.heldout["verdict"] == "collapsed" for v in gen2)
+  assert ledger.version("v1.x").status == "kept" and ledger.incumbent().id == "v1.x"
+  (f,) = ledger.findings(version="v1.x", stage="g2-suspect")
+  assert f.kind == "unstable_incumbent" and f.value == 1.0
+  assert "v1.x carries no change of its own (continued training), kept" in (
+      ledger.get_meta("controller/evaluated/2")["suspected"])
+  assert not [d for d in ledger.decisions() if d.id == "g2-suspect"]
+
+
 class UnstableRootTrainer(ScriptedTrainer):
   """A later run whose root carries the change found unstable (lr 2e-5): every branch
   from v0 collapses unless it sets the learning rate back to 1e-5."""
