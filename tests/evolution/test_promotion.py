@@ -188,10 +188,12 @@ def test_a_change_that_beats_the_control_is_kept_and_the_control_pruned(tmp_path
 class PoisonedIncumbentTrainer(ScriptedTrainer):
   """Children of a generation-1 version collapse whatever they change."""
 
+  poisoned = "/v1."  # a parent checkpoint path with this in it poisons the child
+
   def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
     r = super().train(version=version, parent_checkpoint=parent_checkpoint,
                       bindings=bindings, seed=seed, workdir=workdir)
-    if parent_checkpoint and "/v1." in parent_checkpoint:
+    if parent_checkpoint and self.poisoned in parent_checkpoint:
       per = {p: v * 0.2 for p, v in r.per_problem.items()}
       r = dataclasses.replace(r, per_problem=per,
                               final={"avg8": sum(per.values()) / len(per)})
@@ -225,17 +227,10 @@ def test_collapsing_children_demote_the_incumbent_and_say_so(tmp_path):
   assert all(verdicts[v.id] == "collapsed" for v in gen2)
 
 
-class PoisonedContinuationTrainer(ScriptedTrainer):
+class PoisonedContinuationTrainer(PoisonedIncumbentTrainer):
   """Children of the generation-1 continuation v1.x collapse whatever they change."""
 
-  def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
-    r = super().train(version=version, parent_checkpoint=parent_checkpoint,
-                      bindings=bindings, seed=seed, workdir=workdir)
-    if parent_checkpoint and "/v1.x/" in parent_checkpoint:
-      per = {p: v * 0.2 for p, v in r.per_problem.items()}
-      r = dataclasses.replace(r, per_problem=per,
-                              final={"avg8": sum(per.values()) / len(per)})
-    return r
+  poisoned = "/v1.x/"
 
 
 def test_a_suspect_continuation_is_kept_with_its_finding(tmp_path):
