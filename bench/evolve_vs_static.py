@@ -67,7 +67,7 @@ class Domain:
 DOMAINS = {
     "math": Domain("gin/math_train.gin", "gin/math.gin",
                    ("MathTask.num_validation = 500", "EvalConfig.num_problems = 500"),
-                   generations=3, branches=2, branch_steps=25, continue_steps=125),
+                   generations=3, branches=1, branch_steps=25, continue_steps=150),
     "code": Domain("gin/code_train.gin", "gin/code.gin",
                    ("CodeTask.num_validation = 200", "EvalConfig.num_problems = 200",
                     "EvalConfig.num_test = 300"),
@@ -156,7 +156,8 @@ def main(argv=None) -> dict:
   ap.add_argument("--domain", choices=sorted(DOMAINS), default="math")
   ap.add_argument("--generations", type=int, default=None,
                   help="default: the domain's gin file (math 4, code 3)")
-  ap.add_argument("--branches", type=int, default=None, help="default: the domain's (2)")
+  ap.add_argument("--branches", type=int, default=None,
+                  help="default: the domain's (math 1, code 2)")
   ap.add_argument("--branch_steps", type=int, default=None,
                   help="default: the domain's gin file (math 50, code 30)")
   ap.add_argument("--continue_steps", type=int, default=None,
