@@ -92,7 +92,10 @@ def test_attack_is_contained(name, cell, outside, planted, listener):
 def _check_specifics(name, result, attack):
   out = result.stdout
   if attack.status is Status.TIMEOUT:
-    assert attack.timeout_s <= result.wall_s < attack.timeout_s + 1
+    # Killed at its deadline, not when the program ended by itself; the margin is the
+    # issue's (timeout + 5 s): on a loaded 2-core machine, reaping a fork bomb's cell took
+    # 2 s past a 2 s deadline once (wall 3.97 s).
+    assert attack.timeout_s <= result.wall_s < attack.timeout_s + 5
   if name == "huge_output":
     assert result.stdout_truncated
     assert len(result.stdout.encode()) == attack.limits.output_bytes
