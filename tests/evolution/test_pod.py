@@ -15,7 +15,9 @@ and end with the 1-process run's lineage: the same versions, parents, bindings, 
 decisions and incumbent, and the same scores (held-out figures and proxy rewards within
 rtol 1e-5, the tolerance of tests/sharding/test_multihost_train.py and for the same
 reason). Its branches must have trained across both processes (process 1's child logs
-its step figures).
+its step figures). Relaunched with a second generation, both runs resume from their
+ledgers (generation 1 is not trained again) and still end alike. A sweep across
+processes is held to the same standard.
 """
 
 import json
@@ -236,8 +238,10 @@ TIMEOUT_S = 1200  # per run; a hang guard, generous for 2 shared cores and 2 tes
 RTOL = 1e-5
 
 
-def _argv(workdir: pathlib.Path, cache: pathlib.Path, extra: tuple = ()) -> list:
-  bindings = ["evolve.generations = 1", "evolve.branches = 1", "evolve.branch_steps = 1",
+def _argv(workdir: pathlib.Path, cache: pathlib.Path, extra: tuple = (),
+          generations: int = 1) -> list:
+  bindings = [f"evolve.generations = {generations}", "evolve.branches = 1",
+              "evolve.branch_steps = 1",
               "evolve.control = False", *TINY_RL_BINDINGS,
               f"make_tokenizer.cache_dir = '{cache}'"]
   return [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math.gin",
@@ -317,6 +321,17 @@ def test_evolve_two_processes_match_one(tmp_path):
     assert pathlib.Path(name) in w0, (name, sorted(map(str, w0))[:50])
   summary = json.loads((two / "summary.json").read_text())
   assert [v["id"] for v in summary["versions"]] == ["v0", "v1.0"]
+
+  # Relaunched with a second generation, both runs resume from their ledger (nothing
+  # trained again) and the 2-process run still ends as the 1-process run does.
+  logs = one_and_two(lambda workdir: _argv(workdir, cache, generations=2), tmp_path,
+                     TIMEOUT_S, phase="-resume")
+  assert "training v2.0" in logs[0] and "training v1.0" not in logs[0], logs[0][-3000:]
+  resumed = _same_record(one, two)
+  assert [v[:2] for v in resumed[0][0]] == [("v0", None), ("v1.0", "v0"), ("v2.0", incumbent)]
+  assert resumed[0][0][:2] == versions  # generation 1 as it was
+  w1 = writes(tmp_path / "writes1-resume.txt", two)
+  _trained_across_processes(two, ("v2.0",), w1)
 
 
 @pytest.mark.slow
