@@ -155,11 +155,11 @@ def main(argv=None) -> dict:
                        "read back, not rerun)")
   ap.add_argument("--domain", choices=sorted(DOMAINS), default="math")
   ap.add_argument("--generations", type=int, default=None,
-                  help="default: the domain's gin file (math 4, code 3)")
+                  help="default: the domain's gin file (3)")
   ap.add_argument("--branches", type=int, default=None,
                   help="default: the domain's (math 1, code 2)")
   ap.add_argument("--branch_steps", type=int, default=None,
-                  help="default: the domain's gin file (math 50, code 30)")
+                  help="default: the domain's gin file (math 25, code 30)")
   ap.add_argument("--continue_steps", type=int, default=None,
                   help="steps of each generation's continuation (default: the domain's "
                        "gin file)")
@@ -180,10 +180,11 @@ def main(argv=None) -> dict:
   root.mkdir(parents=True, exist_ok=True)
   seeds = [int(s) for s in args.seeds.split(",")]
   control = not args.no_control
-  run_arms = [a for a in ARMS if a in set(args.arms.split(",")) | {"static"}]
-  unknown = set(args.arms.split(",")) - set(ARMS)
+  wanted = set(args.arms.split(","))
+  unknown = wanted - set(ARMS)
   if unknown:
     ap.error(f"--arms: unknown {sorted(unknown)}; expected a subset of {list(ARMS)}")
+  run_arms = [a for a in ARMS if a in wanted | {"static"}]
   arms: dict = {a: {} for a in run_arms}
   t0 = time.time()
   for seed in seeds:

@@ -60,6 +60,14 @@ def _train_rows(workdir: pathlib.Path) -> list:
   return [r for r in rows if "reward" in r]
 
 
+def _assert_same_step(a: dict, b: dict) -> None:
+  """One step's figures of the 1- and 2-process runs: EXACT equal, LEARNER within RTOL."""
+  for k in EXACT:
+    assert a[k] == b[k], (a["step"], k, a[k], b[k])
+  for k in LEARNER:
+    assert math.isclose(a[k], b[k], rel_tol=RTOL, abs_tol=ATOL), (a["step"], k, a[k], b[k])
+
+
 @pytest.mark.slow
 def test_train_two_processes_match_one_and_resume_as_one(tmp_path):
   cache = tmp_path / "tokenizers"
@@ -81,10 +89,7 @@ def test_train_two_processes_match_one_and_resume_as_one(tmp_path):
 
   # The 2-process run is the 1-process run.
   for a, b in zip(single, multi):
-    for k in EXACT:
-      assert a[k] == b[k], (a["step"], k, a[k], b[k])
-    for k in LEARNER:
-      assert math.isclose(a[k], b[k], rel_tol=RTOL, abs_tol=ATOL), (a["step"], k, a[k], b[k])
+    _assert_same_step(a, b)
     print(f"step {a['step']}: " + ", ".join(
         f"{k} {a[k]:.9g} vs {b[k]:.9g}" for k in (*EXACT, *LEARNER)))
   # ... and a non-trivial one: a real gradient on every step, rewards that vary.
@@ -112,12 +117,8 @@ def test_train_two_processes_match_one_and_resume_as_one(tmp_path):
     assert [int(s) for p, s, _ in STEP_LINE.findall(log) if int(p) == i] == [STEPS + 1]
   single, multi = _train_rows(one), _train_rows(two)
   assert [r["step"] for r in multi] == [r["step"] for r in single] == list(range(1, STEPS + 2))
-  a, b = single[-1], multi[-1]
-  for k in EXACT:
-    assert a[k] == b[k], (k, a[k], b[k])
-  for k in LEARNER:
-    assert math.isclose(a[k], b[k], rel_tol=RTOL, abs_tol=ATOL), (k, a[k], b[k])
-  assert a["learner/grad_norm"] > 0.1
+  _assert_same_step(single[-1], multi[-1])
+  assert single[-1]["learner/grad_norm"] > 0.1
   w1 = writes(tmp_path / "writes1-resume.txt", two)
   assert not [p for p in w1 if p.parts[0] != "checkpoints"], sorted(map(str, w1))
   assert json.loads((two / "summary.json").read_text())["steps"] == STEPS + 1
