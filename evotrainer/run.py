@@ -71,7 +71,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            branch_timeout_s: float = 1800, resume_from: str | None = None,
            backtest: bool = True, control: bool = True, mode: str = "evolve",
            task=None, domain: str = "math", validators: list | None = None,
-           continue_steps: int = 0) -> dict | None:
+           continue_steps: int = 0, relative_health: bool = False) -> dict | None:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
   Across several processes (evolution/pod.py) process 0 runs the controller and returns
@@ -107,6 +107,9 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
       checked before anything trains and on every escalation (eval_check.py).
     domain: the domain skill outcomes are recorded under ('math', 'code').
     validators: the promotion gates (None: `harness_evolution.DEFAULT_VALIDATORS`).
+    relative_health: health validators (training_stability, canary_prompts) veto a
+      change only when its control did not fail them too, and never veto a control or
+      continuation; every other validator always vetoes (Controller).
   """
   from evotrainer import config as config_lib
   from evotrainer.evolution import pod
@@ -158,6 +161,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
                             else no_eval_check,
                             strict_verify=getattr(task, "strict_verify", None),
                             control=control, continue_steps=continue_steps,
+                            relative_health=relative_health,
                             harness_builder=gin_harness_builder() if backtest else None)
     try:
       if mode == "sweep":

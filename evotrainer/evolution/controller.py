@@ -126,6 +126,11 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     progress: a bar over the trainings and one line per event on the terminal.
     continue_steps: RL steps of each generation's continuation (0: none), passed to the
       trainer as `train.steps`.
+    relative_health: health validators (`kind = "health"`: training_stability,
+      canary_prompts) veto a change only when its control did not fail them too, and
+      never veto a control or continuation (which change nothing); their failures stay
+      on the version and in its reason (promotion._waive_health). False: every failed
+      validator vetoes.
   """
 
   def __init__(self, ledger: Ledger, trainer: Trainer, space: SearchSpace,
@@ -143,7 +148,8 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
                gate_timeout_s: Optional[float] = None, learn_skills: bool = True,
                collapse_fraction: float = 0.5, control: bool = True,
                strict_verify: Optional[Callable[[str, str], bool]] = None,
-               progress: bool = False, continue_steps: int = 0):
+               progress: bool = False, continue_steps: int = 0,
+               relative_health: bool = False):
     if continue_steps < 0:
       raise ValueError(f"continue_steps={continue_steps}; expected >= 0 (0: no continuation)")
     self.ledger, self.trainer, self.space, self.skills = ledger, trainer, space, skills
@@ -159,6 +165,7 @@ class Controller(HumanGates, Escalation, HarnessEvolution, Promotion):
     self.explain_tol = explain_tol
     self.collapse_fraction, self.control = collapse_fraction, control
     self.continue_steps = int(continue_steps)
+    self.relative_health = bool(relative_health)
     self.strict_verify = strict_verify
     self.human_gated, self.approve = human_gated, approve
     self.poll_s, self.gate_timeout_s, self.learn_skills = poll_s, gate_timeout_s, learn_skills

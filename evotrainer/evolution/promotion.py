@@ -120,6 +120,39 @@ class Promotion:
         **self.ledger.version(x["version"]).heldout, "inert": x["inert"],
         **{f"control_{k}": t[k] for k in ("diff", "lo", "hi", "p")}})
 
+  def _waive_health(self, x: dict, control: Optional[Mapping] = None,
+                    changeless: bool = False) -> None:
+    """With `relative_health`, the health validators (`kind = "health"`: the policy's
+    training state, e.g. training_stability, canary_prompts) that failed on `x` stop
+    vetoing it when it changed nothing (`changeless`: a control or continuation trains
+    the incumbent's already validated harness on, as a static run would) or when the
+    generation's `control` row failed them too (the change did not cause it). They move
+    from `x['failed']` to `x['waived']`, stay in the version's validator states, and
+    are named in its reason. Integrity validators always veto."""
+    x["waived"] = []
+    if not self.relative_health:
+      return
+    health = {v.name for v in self._validators if getattr(v, "kind", None) == "health"}
+    shared = (None if control is None
+              else {v.validator for v in control["verdicts"] if not v.passed})
+    x["waived"] = [v for v in x["failed"] if v.validator in health
+                   and (changeless or (shared is not None and v.validator in shared))]
+    x["failed"] = [v for v in x["failed"] if v not in x["waived"]]
+    if x["waived"]:
+      self.ledger.update_version(x["version"], heldout={
+          **self.ledger.version(x["version"]).heldout,
+          "waived": [v.validator for v in x["waived"]]})
+
+  @staticmethod
+  def _waived_note(x: Mapping) -> str:
+    """'; health validator A failed, not a veto (as on the control | changeless): <A's
+    reason>' for each waived verdict, '' when none."""
+    if not x.get("waived"):
+      return ""
+    why = "changed nothing" if x.get("changeless") else "its control failed it too"
+    return "".join(f"; health validator {v.validator} failed, not a veto ({why}): "
+                   f"{v.reason}" for v in x["waived"])
+
   def _passes(self, x: Mapping) -> bool:
     """The promotion gate of a branch (the control's own gate is in `_evaluate`)."""
     if x["failed"] or x.get("inert"):
@@ -136,7 +169,7 @@ class Promotion:
     crow = None
     if cres is not None:
       crow = {**self._judge(ctrl["version"], cres, parent, seed, pev), "branch": ctrl,
-              "order": len(plan["branches"]), "control": True}
+              "order": len(plan["branches"]), "control": True, "changeless": True}
     rows = []
     for i, b in enumerate(plan["branches"]):
       vid, r = b["version"], results.get(b["version"])
@@ -145,7 +178,10 @@ class Promotion:
       x = {**self._judge(vid, r, parent, seed, pev), "branch": b, "order": i}
       if cres is not None:
         self._against_control(x, r, cres, ctrl["version"], seed)
+      self._waive_health(x, control=crow)
       rows.append(x)
+    if crow is not None:
+      self._waive_health(crow, changeless=True)
     # Family-wise correction over the generation's K branches (Holm), at the one-sided
     # level of the interval's lower bound: a branch is kept only if it survives both.
     ps = [x["vs_control"]["p"] if "vs_control" in x else x["p"] for x in rows]
@@ -222,7 +258,8 @@ class Promotion:
     it is worse than the parent beyond noise ('collapsed' / 'worse_beyond_noise'), which
     rejects it. More training of the kept lineage is the default action, as in a static
     run, so it needs no gain beyond noise; only a regression beyond noise stops it."""
-    x = self._judge(vid, r, parent, self._bootstrap_seed(gen))
+    x = {**self._judge(vid, r, parent, self._bootstrap_seed(gen)), "changeless": True}
+    self._waive_health(x, changeless=True)
     ci = self._ci(x, parent)
     if x["failed"]:
       verdict, why = "validator", self._validator_rejection(x, ci)
@@ -231,6 +268,7 @@ class Promotion:
       why = f"continuation {verdict.replace('_', ' ')}: {ci}"
     else:
       verdict, why = "continued", f"continued training, not worse beyond noise: {ci}"
+    why += self._waived_note(x)
     found = ([self._collapse_finding(x)] if verdict == "collapsed" else []) + x["drift"]
     with self.ledger.transaction():
       self.ledger.update_decision(did, outcome="success" if verdict == "continued"
@@ -294,7 +332,7 @@ class Promotion:
         "not_beyond_noise_corrected": lambda: (
             f"not beyond noise after the Holm correction over {k} branches (p={p:.4f}): "
             f"{ci}{cci}"),
-    }.get(verdict, lambda: f"not beyond noise: {ci}{cci}")()
+    }.get(verdict, lambda: f"not beyond noise: {ci}{cci}")() + self._waived_note(x)
     return why, {"kept": "success", "continued": "success",
                  "better_not_best": "partial"}.get(verdict, "failure")
 

@@ -27,6 +27,12 @@ and its reason says so (the report lists it as not applicable, never as passed).
   test_tampering             share of code episodes whose program tampered with its tests,
                              and of SWE episodes whose change reaches for the test run
 
+Two of them judge the health of the policy's training, not the integrity of the harness
+(class attribute `kind = "health"`): training_stability and canary_prompts. With
+`evolve.relative_health` they veto a change only when its control did not fail them
+too, and never veto a version that changed nothing (promotion.py). Every other
+validator (no `kind`, or any other value) is an integrity gate and always vetoes.
+
 `VALIDATORS` maps these names to classes; `run_validators` runs a list of instances. A
 validator of your own registers like a diagnostic: give it `name` and `__call__`,
 decorate with `@gin.configurable(module="harness")` and `@register`, and load its module
@@ -359,6 +365,7 @@ class CanaryPrompts:
   """
 
   name = "canary_prompts"
+  kind = "health"
 
   def __init__(self, canaries: Sequence[tuple] = (), min_accuracy: float = 0.0,
                max_drop: float = 0.05, alpha: float = 0.01):
@@ -462,6 +469,7 @@ class TrainingStability:
   """
 
   name = "training_stability"
+  kind = "health"
 
   def __init__(self, min_signals: int = 2, window: int = 5, signal_kw: Optional[dict] = None):
     self.min_signals, self.window, self.signal_kw = min_signals, window, dict(signal_kw or {})

@@ -602,3 +602,82 @@ def test_resume_after_a_crash_around_the_continuation(tmp_path, crash_at):
 def test_continue_steps_must_not_be_negative(tmp_path):
   with pytest.raises(ValueError, match="continue_steps"):
     make(tmp_path, {}, continue_steps=-1)
+
+
+class SharedDriftTrainer(ScriptedTrainer):
+  """ScriptedTrainer whose versions named in `drifting` drift toward collapse in
+  training (completion length 8 -> 15 tokens, truncation 0.05 -> 0.6: two signals of
+  `training_stability`), and whose versions named in `planted` carry a series that the
+  integrity validator `Planted` fails on."""
+
+  def __init__(self, effects, drifting=(), planted=()):
+    super().__init__(effects)
+    self.drifting, self.planted = set(drifting), set(planted)
+
+  def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
+    r = super().train(version=version, parent_checkpoint=parent_checkpoint,
+                      bindings=bindings, seed=seed, workdir=workdir)
+    series = dict(r.series)
+    if version in self.drifting:
+      series.update(length=[8.0] * 5 + [15.0] * 5, truncated=[0.05] * 5 + [0.6] * 5)
+    if version in self.planted:
+      series["planted"] = [1.0] * 10
+    return dataclasses.replace(r, series=series)
+
+
+class Planted:
+  """An integrity validator (no `kind`): fails a version whose series carry 'planted'."""
+
+  name = "planted"
+
+  def __call__(self, evidence):
+    from evotrainer.harness.base import Verdict
+    bad = "planted" in (evidence.series or {})
+    return Verdict(self.name, not bad, float(bad), 0.0, f"planted: {'fail' if bad else 'pass'}")
+
+
+def _drift_run(tmp_path, name, relative, **trainer_kw):
+  from evotrainer.harness.validators import TrainingStability
+  c, ledger, _ = make(tmp_path, {}, name=name, branches=1, continue_steps=10,
+                      trainer=SharedDriftTrainer({"'rloo'": {"delta": 0.2}}, **trainer_kw),
+                      validators=[TrainingStability(), Planted()], relative_health=relative)
+  c.space.knobs = [k for k in c.space.knobs if k.binding == "Harness.estimator"]
+  c.run()
+  return ledger
+
+
+def test_relative_health_waives_drift_shared_with_the_control_and_on_changeless_versions(
+    tmp_path):
+  # Every trained version drifts (the common training does it, not the change): the
+  # change v1.0 (+0.2) drifts as its control v1.c does, and the continuation v1.x
+  # changes nothing.
+  every = {"v1.0", "v1.c", "v1.x"}
+  absolute = _drift_run(tmp_path, "absolute", False, drifting=every)
+  assert [absolute.version(v).heldout["verdict"] for v in ("v1.0", "v1.c", "v1.x")] == [
+      "validator"] * 3
+  assert absolute.incumbent().id == "v0"
+  relative = _drift_run(tmp_path, "relative", True, drifting=every)
+  v10, v1c, v1x = (relative.version(v) for v in ("v1.0", "v1.c", "v1.x"))
+  assert v10.status == "kept" and v10.heldout["verdict"] == "kept"
+  assert v1x.parent == "v1.0" and v1x.heldout["verdict"] == "continued"
+  assert relative.incumbent().id == "v1.x"
+  assert v1c.status == "pruned" and v1c.heldout["verdict"] == "control"
+  for v in (v10, v1c, v1x):  # the failure stays on the version and in its reason
+    assert v.heldout["validators"]["training_stability"] == "fail"
+    assert v.heldout["waived"] == ["training_stability"]
+    assert "health validator training_stability failed, not a veto" in v.reason
+    assert "completion length crept 8.0 -> 15.0" in v.reason
+  assert "(its control failed it too)" in v10.reason
+  assert "(changed nothing)" in v1x.reason and "(changed nothing)" in v1c.reason
+
+
+def test_relative_health_still_vetoes_a_change_s_own_drift_and_integrity_failures(tmp_path):
+  # Only the change drifts; the continuation fails an integrity validator.
+  ledger = _drift_run(tmp_path, "own", True, drifting={"v1.0"}, planted={"v1.x"})
+  v10, v1x = ledger.version("v1.0"), ledger.version("v1.x")
+  assert v10.status == "rejected" and v10.heldout["verdict"] == "validator"
+  assert v10.reason.startswith("rejected by validator training_stability")
+  assert "waived" not in v10.heldout
+  assert v1x.parent == "v0" and v1x.status == "rejected"
+  assert v1x.heldout["verdict"] == "validator" and "validator planted" in v1x.reason
+  assert ledger.incumbent().id == "v0"
