@@ -12,7 +12,10 @@ the control beats the parent beyond noise, the control (continued training) is p
 otherwise it is pruned. Each outcome is one verdict (`Promotion._verdict`) with its
 reason; a collapsed branch and a branch whose training drifted (the active
 `training_drift` diagnostic over its own series) get their findings at stage 'verify'.
-Kept changes that no skill proposed become skills (`_learn_skill`).
+Kept changes that no skill proposed become skills (`_learn_skill`). With
+`relative_health` the health validators stop vetoing what the change did not cause
+(`_waive_health`): a failure its control shares, or any failure of a version that
+changed nothing (control, continuation); integrity validators always veto.
 """
 
 from __future__ import annotations
