@@ -123,23 +123,21 @@ class Promotion:
         **self.ledger.version(x["version"]).heldout, "inert": x["inert"],
         **{f"control_{k}": t[k] for k in ("diff", "lo", "hi", "p")}})
 
-  def _waive_health(self, x: dict, control: Optional[Mapping] = None,
-                    changeless: bool = False) -> None:
+  def _waive_health(self, x: dict, control: Optional[Mapping] = None) -> None:
     """With `relative_health`, the health validators (`kind = "health"`: the policy's
     training state, e.g. training_stability, canary_prompts) that failed on `x` stop
-    vetoing it when it changed nothing (`changeless`: a control or continuation trains
-    the incumbent's already validated harness on, as a static run would) or when the
-    generation's `control` row failed them too (the change did not cause it). They move
-    from `x['failed']` to `x['waived']`, stay in the version's validator states, and
-    are named in its reason. Integrity validators always veto."""
+    vetoing it when it changed nothing (`x['changeless']`: a control or continuation
+    trains the incumbent's already validated harness on, as a static run would) or when
+    the generation's `control` row failed them too (the change did not cause it). They
+    move from `x['failed']` to `x['waived']`, stay in the version's validator states,
+    and are named in its reason. Integrity validators always veto."""
     x["waived"] = []
     if not self.relative_health:
       return
     health = {v.name for v in self._validators if getattr(v, "kind", None) == "health"}
-    shared = (None if control is None
-              else {v.validator for v in control["verdicts"] if not v.passed})
+    shared = {v.validator for v in control["verdicts"] if not v.passed} if control else set()
     x["waived"] = [v for v in x["failed"] if v.validator in health
-                   and (changeless or (shared is not None and v.validator in shared))]
+                   and (x.get("changeless") or v.validator in shared)]
     x["failed"] = [v for v in x["failed"] if v not in x["waived"]]
     if x["waived"]:
       self.ledger.update_version(x["version"], heldout={
@@ -148,8 +146,8 @@ class Promotion:
 
   @staticmethod
   def _waived_note(x: Mapping) -> str:
-    """'; health validator A failed, not a veto (as on the control | changeless): <A's
-    reason>' for each waived verdict, '' when none."""
+    """'; health validator A failed, not a veto (changed nothing | its control failed
+    it too): <A's reason>' for each waived verdict, '' when none."""
     if not x.get("waived"):
       return ""
     why = "changed nothing" if x.get("changeless") else "its control failed it too"
@@ -184,7 +182,7 @@ class Promotion:
       self._waive_health(x, control=crow)
       rows.append(x)
     if crow is not None:
-      self._waive_health(crow, changeless=True)
+      self._waive_health(crow)
     # Family-wise correction over the generation's K branches (Holm), at the one-sided
     # level of the interval's lower bound: a branch is kept only if it survives both.
     ps = [x["vs_control"]["p"] if "vs_control" in x else x["p"] for x in rows]
@@ -262,7 +260,7 @@ class Promotion:
     rejects it. More training of the kept lineage is the default action, as in a static
     run, so it needs no gain beyond noise; only a regression beyond noise stops it."""
     x = {**self._judge(vid, r, parent, self._bootstrap_seed(gen)), "changeless": True}
-    self._waive_health(x, changeless=True)
+    self._waive_health(x)
     ci = self._ci(x, parent)
     if x["failed"]:
       verdict, why = "validator", self._validator_rejection(x, ci)
