@@ -10,6 +10,9 @@ or the build), trains the tokenizer as `run` does (format_prompt + " " + solutio
 pieces, warm-starts (`warm_start.*`; `warm_start_s`), then plays `--k` episodes per
 validation and test task with the warm-started policy and grades them in the sandbox.
 
+`--cleared` plays the held-out tasks again on checkouts without history (with
+gin/swe_leaky.gin and `SweDomain.demonstrations = 'history'`: the leak's worth).
+
 Episodes are played by the multi-turn engine (`rollouts.multiturn.MultiTurnRollout`,
 its budgets from gin's `TurnBudget`), as training and evaluation play them.
 """
@@ -81,6 +84,10 @@ def main() -> None:
   parser.add_argument("--k", type=int, default=2, help="episodes per held-out task")
   parser.add_argument("--temperature", type=float, default=1.0)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--cleared", action="store_true",
+                      help="also play the held-out tasks on checkouts whose history is "
+                           "cleared (SweDomain.checkout_options = {}): with "
+                           "gin/swe_leaky.gin, the same policy without the leak")
   args = parser.parse_args()
   config_lib.parse(args.gin_file or ["gin/swe_train.gin"], args.gin_bindings)
   result: dict = {"config": vars(args)}
@@ -117,6 +124,13 @@ def main() -> None:
                         args.seed, args.temperature)
     result[split] = {**summarize(infos, parts), "seconds": round(time.monotonic() - start, 1)}
     print(split, json.dumps(result[split]), flush=True)
+  if args.cleared:
+    task.checkout_options = {}
+    for split in ("validation", "test"):
+      infos, parts = play(model, tok, task, task.heldout_problems(None, split), args.k,
+                          args.seed, args.temperature)
+      result[f"{split}_cleared"] = summarize(infos, parts)
+      print(f"{split}_cleared", json.dumps(result[f"{split}_cleared"]), flush=True)
   task.close()
   with open(args.json, "w") as f:
     json.dump(result, f, indent=2)

@@ -3,8 +3,6 @@ validators."""
 
 import json
 import os
-import subprocess
-import sys
 
 import gin
 import pytest
@@ -51,25 +49,11 @@ def test_launch_swe_train_end_to_end_on_the_toy_library(tmp_path):
   """2 RL steps through the launcher on the toy library: validation and test figures in
   summary.json, and stored rollouts whose episodes carry tool calls."""
   from evotrainer.rollouts.store import RolloutStore
-  from tests.tasks.swe.conftest import write_toy, write_toy_manifest
-  tree = write_toy(tmp_path / "toylib-0.1.0")
-  manifest = write_toy_manifest(tmp_path / "manifest.json")
+  from tests.tasks.swe.conftest import launch_on_toy
   workdir = tmp_path / "run"
-  bindings = [
-      "SweDomain.sources = ['toylib']", f"SweDomain.manifest = '{manifest}'",
-      f"SweDomain.trees = {{'toylib': '{tree}'}}", "SweDomain.max_tasks = 8",
-      "SweDomain.max_candidates = 16", "SweDomain.fractions = (0.5, 0.25, 0.25)",
-      f"SweDomain.cache_dir = '{tmp_path}/swe'",
-      "MAX_TURNS = 2", "TurnBudget.max_tokens_per_turn = 24",
-      "TurnBudget.max_context = 384", "ModelConfig.max_position_embeddings = 384",
-      f"make_tokenizer.cache_dir = '{tmp_path}/tok'",
-      f"warm_start.cache_dir = '{tmp_path}/ws'", "warm_start.batch_size = 4"]
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
-  proc = subprocess.run(
-      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/swe_train.gin",
-       "--gin_file=gin/tiny.gin", f"--workdir={workdir}",
-       *[f"--gin_bindings={b}" for b in bindings]],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  proc = launch_on_toy(
+      tmp_path, "gin/swe_train.gin", "MAX_TURNS = 2", "TurnBudget.max_tokens_per_turn = 24",
+      "TurnBudget.max_context = 384", "ModelConfig.max_position_embeddings = 384")
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["mode"] == "train" and summary["steps"] == 2

@@ -128,17 +128,19 @@ def diff_edits(diff: str) -> list[tuple[str, str, str]]:
   return edits
 
 
-def history_agent(episode: SweEpisode) -> SweEpisode:
+def history_agent(episode: SweEpisode, step=None) -> SweEpisode:
   """Plays `episode` by reading the fix from the history (see the module docstring):
   `git diff HEAD HEAD~1`, each hunk applied with `search_replace`, then `submit` (also
-  when git fails or shows nothing). Returns the episode, stopped."""
-  observation = episode.step("The history may hold the fix.\n" +
-                             tools.call_text("git", command=HISTORY_DIFF))
+  when git fails or shows nothing). `step(text) -> observation` plays one turn (default
+  `episode.step`; the warm-start transcripts record turns through it). Returns the
+  episode, stopped."""
+  step = step or episode.step
+  observation = step("The history may hold the fix.\n" +
+                     tools.call_text("git", command=HISTORY_DIFF))
   for path, search, replace in diff_edits(observation):
     if episode.done:
       break
-    episode.step(tools.call_text("search_replace", path=path, search=search,
-                                 replace=replace))
+    step(tools.call_text("search_replace", path=path, search=search, replace=replace))
   if not episode.done:
-    episode.step(tools.call_text("submit"))
+    step(tools.call_text("submit"))
   return episode

@@ -95,7 +95,8 @@ class TaskSet:
     tasks: the tasks (split set), oracle-verified.
     trees: {task.repo: its pristine source tree}.
     test_dirs: {task.repo: its test folders}.
-    transcripts: {instance_id: [[model turn, observation], ...]}: the oracle's episode.
+    transcripts: {instance_id: [[model turn, observation], ...]}: the scripted agent's
+      episode (`demonstrations`: the oracle's by default).
     stats: per library: synthesis counts, build seconds, oracle rate.
   """
   tasks: list
@@ -113,20 +114,36 @@ def _tree_digest(tree: pathlib.Path) -> str:
   return h.hexdigest()
 
 
-def oracle_transcript(task: records.SweTask, tree: pathlib.Path, test_dirs: Sequence[str],
-                      suite: runner_lib.SuiteRunner, tool_config: tools_lib.ToolConfig,
-                      budget: Budget, dest: pathlib.Path, context: int
-                      ) -> tuple[list, repo_lib.Grade]:
-  """The oracle's turns run through a real episode on a fresh checkout at `dest`, and the
-  grade of that checkout: ([[turn, observation], ...], grade)."""
-  repo_lib.checkout(tree, task, dest)
+DEMONSTRATIONS = ("oracle", "history")
+
+
+def transcript(task: records.SweTask, tree: pathlib.Path, test_dirs: Sequence[str],
+               suite: runner_lib.SuiteRunner, tool_config: tools_lib.ToolConfig,
+               budget: Budget, dest: pathlib.Path, context: int, agent: str = "oracle"
+               ) -> tuple[list, repo_lib.Grade]:
+  """A scripted agent's turns run through a real episode on a fresh checkout at `dest`,
+  and the grade of that checkout: ([[turn, observation], ...], grade). `agent`:
+  "oracle" (`agents.oracle_turns`, on the default checkout) or "history"
+  (`agents.history_agent`, on a checkout keeping the base as an earlier commit; needs
+  `tool_config.git`)."""
+  if agent not in DEMONSTRATIONS:
+    raise ValueError(f"demonstrations={agent!r}: expected one of {DEMONSTRATIONS}")
+  repo_lib.checkout(tree, task, dest, keep_history=agent == "history")
   episode = SweEpisode(tools_lib.Workspace(dest, suite, test_dirs, tool_config), budget)
   turns = []
-  for text in agents.oracle_turns(task, context):
+
+  def step(text: str) -> str:
     turn = PLAIN.turn(text)  # the prompt ends with "Assistant:"; the turn brings its space
     turns.append([turn, episode.step(turn)])
-    if episode.done:
-      break
+    return turns[-1][1]
+
+  if agent == "history":
+    agents.history_agent(episode, step)
+  else:
+    for text in agents.oracle_turns(task, context):
+      step(text)
+      if episode.done:
+        break
   return turns, repo_lib.grade(task, tree, dest, suite, test_dirs)
 
 
@@ -152,7 +169,7 @@ def build_task_set(names: Sequence[str], config: synth_lib.SynthConfig,
                    tool_config: tools_lib.ToolConfig = tools_lib.ToolConfig(),
                    budget: Budget = Budget(), oracle_context: int = 2,
                    fractions: Sequence[float] = (0.8, 0.1, 0.1), group_by: str = "function",
-                   split_seed: int = 0) -> TaskSet:
+                   split_seed: int = 0, demonstrations: str = "oracle") -> TaskSet:
   """Builds the task set of the named sources, through two caches in `cache_dir/tasks/`:
   each source's synthesized tasks (`synth-<key>.json`, keyed by its pin, or a local
   tree's content, and the synthesis knobs) and their oracle transcripts
@@ -168,6 +185,8 @@ def build_task_set(names: Sequence[str], config: synth_lib.SynthConfig,
     tool_config, budget: the episode's tools and budgets (the oracle's observations).
     oracle_context: lines around the bug the oracle reads on each side.
     fractions, group_by, split_seed: see `splits.assign_splits`.
+    demonstrations: the scripted agent whose episodes are the transcripts ("oracle", or
+      "history": `transcript`); a task its episode does not resolve is dropped.
   """
   cache = pathlib.Path(os.path.expanduser(cache_dir))
   all_sources = {s.name: s for s in sources_lib.load_manifest(manifest or sources_lib.MANIFEST)}
@@ -203,22 +222,25 @@ def build_task_set(names: Sequence[str], config: synth_lib.SynthConfig,
         start, out = time.monotonic(), {}
         for task in built:
           dest = pathlib.Path(work) / task.instance_id
-          turns, grade = oracle_transcript(task, tree, source.tests, suite, tool_config,
-                                           budget, dest, oracle_context)
+          turns, grade = transcript(task, tree, source.tests, suite, tool_config, budget,
+                                    dest, oracle_context, demonstrations)
           shutil.rmtree(dest, ignore_errors=True)
           out[task.instance_id] = turns if grade.resolved else None
         return {"transcripts": out, "oracle_s": round(time.monotonic() - start, 2)}
 
       # The oracle's turn texts are part of the key: rewording them replays the oracle.
+      # The history agent's turns come from its observations: its name is the key.
       oracle_key = _key({"synth": synth_key, "tools": dataclasses.asdict(tool_config),
                          "budget": dataclasses.asdict(budget), "context": oracle_context,
-                         "turns": [agents.oracle_turns(t, oracle_context) for t in built]})
+                         "turns": [agents.oracle_turns(t, oracle_context) for t in built]}
+                        | ({"agent": demonstrations} if demonstrations != "oracle" else {}))
       played = _cached(cache / "tasks" / f"oracle-{oracle_key}.json", oracle)
       kept = [t for t in built if played["transcripts"].get(t.instance_id)]
       transcripts.update({t.instance_id: played["transcripts"][t.instance_id] for t in kept})
       tasks += kept
       stats[source.repo] = {**synthesized["stats"], "oracle_s": played["oracle_s"],
-                            "oracle_rate": len(kept) / max(len(built), 1), "kept": len(kept)}
+                            "oracle_rate": len(kept) / max(len(built), 1), "kept": len(kept),
+                            "demonstrations": demonstrations}
   tasks = splits_lib.assign_splits(tasks, fractions, group_by, split_seed)
   return TaskSet(tasks, {repo: str(tree) for repo, tree in fetched.items()},
                  {s.repo: tuple(s.tests) for s in picked}, transcripts, stats)
@@ -251,6 +273,12 @@ class SweDomain:
       repository (a hook for checkout variants, e.g. one keeping history).
     oracle_context: lines around the bug the oracle's read shows on each side (the
       warm-start transcripts; fewer lines, shorter episodes).
+    demonstrations: whose episodes the warm start copies: "oracle" (knows the mutation:
+      read, fix, test, submit) or "history" (`agents.history_agent`: reads the fix from
+      `git diff HEAD HEAD~1` and applies it; needs `tool_config.git` and
+      `checkout_options={'keep_history': True}`). "history" stands for a policy that
+      already knows how to read a repository's history: gin/swe_leaky.gin's planted
+      leak, which `validators.HistoryLeak` must catch.
     workers: sandbox cells running suites (None: up to 2).
     suite: a `SuiteRunner` to use (tests share one; None: the task makes its own).
   """
@@ -267,7 +295,7 @@ class SweDomain:
                tool_config: Optional[tools_lib.ToolConfig] = None,
                max_output_chars: int = 600, budget: Optional[Budget] = None,
                checkout_options: Optional[Mapping] = None, oracle_context: int = 2,
-               workers: Optional[int] = None,
+               demonstrations: str = "oracle", workers: Optional[int] = None,
                suite: Optional[runner_lib.SuiteRunner] = None):
     bad = [d for d in difficulties if d not in DIFFICULTY_LEVEL]
     if bad or not difficulties:
@@ -282,6 +310,15 @@ class SweDomain:
       raise ValueError("SweDomain: max_tasks, max_candidates, max_f2p and "
                        "max_output_chars must be positive")
     self.tool_config = tool_config or tools_lib.ToolConfig(max_output_chars=max_output_chars)
+    if demonstrations not in DEMONSTRATIONS:
+      raise ValueError(f"SweDomain.demonstrations={demonstrations!r}: expected one of "
+                       f"{DEMONSTRATIONS}")
+    if demonstrations == "history" and not (
+        self.tool_config.git and (checkout_options or {}).get("keep_history")):
+      raise ValueError("SweDomain.demonstrations='history' reads the fix from the "
+                       "repository's history: it needs ToolConfig.git = True and "
+                       "SweDomain.checkout_options = {'keep_history': True} "
+                       "(gin/swe_leaky.gin)")
     self.budget = budget or Budget()
     self.max_turns = self.budget.max_turns  # checked against TurnBudget.max_turns
     self.chat = PLAIN
@@ -296,7 +333,7 @@ class SweDomain:
         list(sources), config, self.suite, cache_dir=cache_dir, manifest=manifest,
         trees=trees, tool_config=self.tool_config, budget=self.budget,
         oracle_context=oracle_context, fractions=fractions, group_by=group_by,
-        split_seed=split_seed)
+        split_seed=split_seed, demonstrations=demonstrations)
     self.build_s = time.monotonic() - start
     self.records = {t.instance_id: t for t in self.task_set.tasks
                     if t.difficulty in self.difficulties}

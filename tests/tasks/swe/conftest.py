@@ -4,7 +4,10 @@ runner on sandbox cells shared by the session, and the toy library's synthesized
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -103,6 +106,29 @@ def write_toy_manifest(path: pathlib.Path) -> str:
       "name": TOY.name, "version": TOY.version, "sdist": TOY.sdist, "sha256": TOY.sha256,
       "package": list(TOY.package), "tests": list(TOY.tests)}]}))
   return str(path)
+
+
+def launch_on_toy(tmp_path: pathlib.Path, gin_file: str, *bindings: str,
+                  timeout: int = 900) -> subprocess.CompletedProcess:
+  """`python -m evotrainer.launch --gin_file=<gin_file> --gin_file=gin/tiny.gin` on the
+  toy library (its tree and manifest written in `tmp_path`, caches there too; 8 tasks
+  split 4/2/2), workdir `tmp_path/run`; `bindings` are added last."""
+  tree = write_toy(tmp_path / "toylib-0.1.0")
+  manifest = write_toy_manifest(tmp_path / "manifest.json")
+  toy = [
+      "SweDomain.sources = ['toylib']", f"SweDomain.manifest = '{manifest}'",
+      f"SweDomain.trees = {{'toylib': '{tree}'}}", "SweDomain.max_tasks = 8",
+      "SweDomain.max_candidates = 16", "SweDomain.fractions = (0.5, 0.25, 0.25)",
+      f"SweDomain.cache_dir = '{tmp_path}/swe'",
+      f"make_tokenizer.cache_dir = '{tmp_path}/tok'",
+      f"warm_start.cache_dir = '{tmp_path}/ws'", "warm_start.batch_size = 4"]
+  repo = pathlib.Path(__file__).resolve().parents[3]
+  return subprocess.run(
+      [sys.executable, "-m", "evotrainer.launch", f"--gin_file={gin_file}",
+       "--gin_file=gin/tiny.gin", f"--workdir={tmp_path / 'run'}",
+       *[f"--gin_bindings={b}" for b in (*toy, *bindings)]],
+      cwd=repo, env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+      capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

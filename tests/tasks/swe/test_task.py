@@ -157,6 +157,53 @@ def test_reworded_oracle_turns_replay_the_oracle(domain, toy_tree, suite, paths,
   assert "Reworded. " in texts and "Reworded. " not in json.dumps(domain.task_set.transcripts)
 
 
+def test_history_demonstrations_read_the_fix_from_the_history(toy_tree, suite, paths,
+                                                              tmp_path):
+  """`demonstrations='history'`: every transcript asks git for HEAD -> HEAD~1, applies
+  the diff's hunk (the mutation undone, read from the observation) and submits; each
+  replayed on a history-keeping checkout resolves; on the default checkout (the mutant
+  the only commit) its git call shows no fix."""
+  git_tools = tools.ToolConfig(git=True)
+  d = task_lib.SweDomain(sources=["toylib"], manifest=paths[0],
+                         trees={"toylib": str(toy_tree)}, max_tasks=8, max_candidates=16,
+                         kinds=["operator_swap", "constant_change"],
+                         difficulties=["easy", "medium"], fractions=(0.5, 0.25, 0.25),
+                         cache_dir=str(tmp_path), suite=suite, tool_config=git_tools,
+                         checkout_options={"keep_history": True},
+                         demonstrations="history")
+  try:
+    assert d.task_set.stats["toylib==0.1.0"]["demonstrations"] == "history"
+    for p in d.splits["train"]:
+      m = d.records[p.id].mutation
+      turns = d.task_set.transcripts[p.id]
+      calls = [tools.parse_call(t, git_tools.tool_args()) for t, _ in turns]
+      assert [c.name for c in calls] == ["git", "search_replace", "submit"]
+      assert calls[0].args == {"command": "diff HEAD HEAD~1"}
+      assert m.search in calls[1].args["replace"] and m.replace in calls[1].args["search"]
+      assert m.replace in turns[0][1] and m.search in turns[0][1]  # the diff showed both
+      assert [trained for _, trained in d.solution_segments(p)] == [True, False] * 2 + [True]
+    # Replayed on a history-keeping checkout, a transcript resolves; on the default
+    # checkout (the mutant the only commit) its git call shows no fix.
+    p = d.splits["validation"][0]
+    m = d.records[p.id].mutation
+    turns = d.task_set.transcripts[p.id]
+    leaky = d.start_episode(p)
+    for turn, _ in turns:
+      leaky.step(turn)
+    assert d.finish_episodes([p], [leaky])[0]["correct"] == 1.0
+    d.checkout_options = {}
+    cleared = d.start_episode(p)
+    observation = cleared.step(turns[0][0])
+    assert m.search not in observation and "HEAD~1" in observation
+    d.finish_episodes([p], [cleared])
+  finally:
+    d.close()
+  with pytest.raises(ValueError, match="needs ToolConfig.git = True"):
+    task_lib.SweDomain(demonstrations="history", suite=object(), cache_dir=str(tmp_path))
+  with pytest.raises(ValueError, match="expected one of"):
+    task_lib.SweDomain(demonstrations="random", suite=object(), cache_dir=str(tmp_path))
+
+
 def test_bad_knobs_are_refused(tmp_path):
   with pytest.raises(ValueError, match="difficulties"):
     task_lib.SweDomain(difficulties=["trivial"], suite=object())
