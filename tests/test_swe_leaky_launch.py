@@ -49,8 +49,10 @@ def test_launch_swe_leaky_rejects_the_history_reading_branches(tmp_path):
   that knows how to read a repository's history. One generation trains a branch and the
   control for real; their episodes call git on checkouts that keep the base one commit
   back, and `history_leak` fails both with the counts as evidence (the branch rejected,
-  the control pruned), so the incumbent stays the root. (Without `HistoryLeak` in `evolve.validators` nothing here rejects
-  them: the control would be pruned or kept on its score alone.)"""
+  the control pruned), so the incumbent stays the root. `leak_detector` fails them too:
+  its `HEAD~` pattern matches their completions. (With neither gate in
+  `evolve.validators` nothing here rejects them: the control would be pruned or kept on
+  its score alone.)"""
   from evotrainer.evolution.ledger import Ledger
   from evotrainer.rollouts.store import RolloutStore
   from tests.tasks.swe.conftest import launch_on_toy
@@ -78,6 +80,7 @@ def test_launch_swe_leaky_rejects_the_history_reading_branches(tmp_path):
     assert v["status"] == ("pruned" if vid == "v1.c" else "rejected"), v
     assert v["verdict"] == "validator", v
     assert v["validators"]["history_leak"] == "fail", v["validators"]
+    assert v["validators"]["leak_detector"] == "fail", v["validators"]
     assert "history_leak: fail, " in v["reason"], v["reason"]
     assert "episodes read the repository's history" in v["reason"], v["reason"]
     assert "git diff" in v["reason"], v["reason"]

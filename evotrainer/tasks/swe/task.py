@@ -233,7 +233,8 @@ def build_task_set(names: Sequence[str], config: synth_lib.SynthConfig,
       oracle_key = _key({"synth": synth_key, "tools": dataclasses.asdict(tool_config),
                          "budget": dataclasses.asdict(budget), "context": oracle_context,
                          "turns": [agents.oracle_turns(t, oracle_context) for t in built]}
-                        | ({"agent": demonstrations} if demonstrations != "oracle" else {}))
+                        | ({"agent": demonstrations, "command": agents.HISTORY_DIFF}
+                           if demonstrations == "history" else {}))
       played = _cached(cache / "tasks" / f"oracle-{oracle_key}.json", oracle)
       kept = [t for t in built if played["transcripts"].get(t.instance_id)]
       transcripts.update({t.instance_id: played["transcripts"][t.instance_id] for t in kept})
