@@ -6,7 +6,15 @@ Cell lifecycle: `Cell()` starts `bwrap` (new network, PID, mount, IPC and UTS na
 cgroup when the machine allows. `run` sends one program and waits for its record; a
 worker that does not answer by the run's timeout + `GRACE_S` has the whole cell killed
 (the PID namespace dies with its init, so nothing inside survives) and the next run
-starts a fresh cell. `close` kills and reaps the cell.
+starts a fresh cell. A cell found dead before a program reaches it (the request cannot
+be written) is started again and the program sent once more: it never ran. `close`
+kills and reaps the cell.
+
+`--die-with-parent` is `PR_SET_PDEATHSIG`, which fires when the *thread* that started
+the process exits, not the process: a cell started from a pool's worker thread (a
+suite run, an episode's tool) died with that thread, and its next program was reported
+killed. Every cell is therefore started from one thread that lives as long as the
+process (`_popen`).
 
 Each cell holds a block of host uids, locked machine-wide (`flock` on a file per block),
 so that two cells, even in different processes, never share a uid: a run's uid is what
@@ -15,6 +23,7 @@ its processes are counted (RLIMIT_NPROC) and killed by.
 
 from __future__ import annotations
 
+import concurrent.futures
 import fcntl
 import importlib.util
 import json
@@ -38,6 +47,16 @@ GRACE_S = 3.0            # past a run's timeout, how long the worker may take to
 START_TIMEOUT_S = 20.0   # a cell that is not ready by then is an error
 UID_BASE = 1_000_000     # far above any account; uids need no passwd entry
 UID_BLOCK = 64
+
+# The one thread every cell is started from (module docstring): it lives until the
+# interpreter exits, so a cell dies with the process and not with a passing thread.
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                 thread_name_prefix="sandbox-spawn")
+
+
+def _popen(*args, **kwargs) -> subprocess.Popen:
+  """`subprocess.Popen` run on the spawner thread."""
+  return _SPAWNER.submit(subprocess.Popen, *args, **kwargs).result()
 UID_BLOCKS = 4096
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 CELL_WORKER = "/opt/sandbox/worker.py"
@@ -234,10 +253,9 @@ class Cell:
       os.lseek(filter_fd, 0, os.SEEK_SET)
       cmd[1:1] = ["--seccomp", str(filter_fd)]
     try:
-      self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=env, cwd=cwd,
-                                    start_new_session=True,
-                                    pass_fds=() if filter_fd is None else (filter_fd,))
+      self._proc = _popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
+                          pass_fds=() if filter_fd is None else (filter_fd,))
     finally:
       if filter_fd is not None:
         os.close(filter_fd)
@@ -305,7 +323,10 @@ class Cell:
           pass
       for stream in (proc.stdin, proc.stdout, proc.stderr):
         if stream is not None:
-          stream.close()
+          try:
+            stream.close()
+          except OSError:  # unflushed bytes to a worker that is gone: nothing to keep
+            pass
     if self._cgroup is not None:
       self._cgroup.close()
       self._cgroup = None
@@ -356,7 +377,16 @@ class Cell:
       failures = self._cgroup.memory_failures() if self._cgroup else 0
       start = time.monotonic()
       try:
-        self._send(request)
+        try:
+          self._send(request)
+        except BrokenPipeError as e:
+          # Dead before the program reached it: a fresh cell runs it (it never ran).
+          log.warning("sandbox: cell found dead (%s) %s; starting it again", e,
+                      self._kill())
+          self._start()
+          failures = self._cgroup.memory_failures() if self._cgroup else 0
+          start = time.monotonic()
+          self._send(request)
         raw = self._receive(start + timeout_s + GRACE_S)
       except (TimeoutError, SandboxError, BrokenPipeError) as e:
         # The worker is hung or dead: the cell goes, with everything in it.

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 
 import pytest
 
@@ -121,6 +123,38 @@ def test_hung_worker_kills_the_cell(namespaces):
     assert result.status is Status.TIMEOUT and result.exit_code is None
     assert all(not os.path.exists(f"/proc/{p}") or _zombie(p) for p in tree)
     assert cell.run("print(3)").stdout == "3\n" and cell._proc.pid != first
+
+
+def test_a_cell_outlives_the_thread_that_started_it(namespaces):
+  """`--die-with-parent` fires when the starting *thread* exits: a cell first used from
+  a pool's thread must still run programs once that thread is gone (it was killed, and
+  its next program reported killed: the SWE tools and graders run on such threads)."""
+  with sandbox.Cell() as cell:
+    started = threading.Thread(target=lambda: cell.run("print(1)"))
+    started.start()
+    started.join()
+    pid = cell._proc.pid
+    time.sleep(0.5)  # PR_SET_PDEATHSIG's kill, if any, lands by then
+    assert os.path.exists(f"/proc/{pid}") and not _zombie(pid)
+    result = cell.run("print(2)")
+    assert (result.status, result.stdout) == (Status.OK, "2\n")
+    assert cell.starts == 1
+
+
+def test_a_cell_found_dead_runs_the_program_in_a_fresh_one(namespaces):
+  """A cell whose worker died between programs (killed from outside here): the next
+  program never reached it, so a fresh cell runs it, rather than a record saying it was
+  killed."""
+  with sandbox.Cell() as cell:
+    cell.run("print(1)")
+    tree = cell_lib._tree(cell._proc.pid)
+    for pid in tree:
+      os.kill(pid, signal.SIGKILL)
+    cell._proc.wait()
+    cell_lib._wait_gone(tree[1:])  # nothing holds the request pipe's reading end
+    result = cell.run("print(2)")
+    assert (result.status, result.stdout) == (Status.OK, "2\n")
+    assert cell.starts == 2
 
 
 def _zombie(pid: int) -> bool:
