@@ -47,16 +47,6 @@ GRACE_S = 3.0            # past a run's timeout, how long the worker may take to
 START_TIMEOUT_S = 20.0   # a cell that is not ready by then is an error
 UID_BASE = 1_000_000     # far above any account; uids need no passwd entry
 UID_BLOCK = 64
-
-# The one thread every cell is started from (module docstring): it lives until the
-# interpreter exits, so a cell dies with the process and not with a passing thread.
-_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
-                                                 thread_name_prefix="sandbox-spawn")
-
-
-def _popen(*args, **kwargs) -> subprocess.Popen:
-  """`subprocess.Popen` run on the spawner thread."""
-  return _SPAWNER.submit(subprocess.Popen, *args, **kwargs).result()
 UID_BLOCKS = 4096
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 CELL_WORKER = "/opt/sandbox/worker.py"
@@ -70,6 +60,16 @@ PRELOAD = ("math", "re", "collections", "itertools", "functools", "heapq", "bise
 WORKER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
 
 log = logging.getLogger(__name__)
+
+# The one thread every cell is started from (module docstring): it lives until the
+# interpreter exits, so a cell dies with the process and not with a passing thread.
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                 thread_name_prefix="sandbox-spawn")
+
+
+def _popen(*args, **kwargs) -> subprocess.Popen:
+  """`subprocess.Popen` run on the spawner thread."""
+  return _SPAWNER.submit(subprocess.Popen, *args, **kwargs).result()
 
 
 class SandboxUnavailable(RuntimeError):
