@@ -90,8 +90,13 @@ def test_the_gates_fire_on_planted_faults_in_the_real_job(tmp_path, solving_warm
     found = ledger.findings(version=drift["id"], stage="verify")
     decisions = {d.version_id: d for d in ledger.decisions() if d.version_id}
   (f,) = [f for f in found if f.kind == "training_drift"]
-  assert f.value == 3 and f.message.startswith("training drifts toward collapse")
-  assert [e[0] for e in f.evidence] == ["series:length", "series:truncated", "series:reward"]
+  # Length, truncation and reward always fire here; entropy's rise crosses its bound on
+  # some installs and not others (its end value 1.231 on one, below the bound on another),
+  # so it may be a fourth signal.
+  kinds = [e[0] for e in f.evidence]
+  assert f.value == len(kinds) and f.message.startswith("training drifts toward collapse")
+  assert kinds in (["series:length", "series:truncated", "series:reward"],
+                   ["series:entropy", "series:length", "series:truncated", "series:reward"])
   assert decisions[drift["id"]].outcome == "failure"
   assert "training_stability" in decisions[drift["id"]].why
 
