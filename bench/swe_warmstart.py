@@ -118,19 +118,17 @@ def main() -> None:
   model = warm_start(model, tok, task, seed=args.seed, mesh=mesh)
   result["warm_start"] = {"steps": steps, "seconds": round(time.monotonic() - start, 1)}
   print(json.dumps(result["warm_start"]), flush=True)
-  for split in ("validation", "test"):
-    start = time.monotonic()
-    infos, parts = play(model, tok, task, task.heldout_problems(None, split), args.k,
-                        args.seed, args.temperature)
-    result[split] = {**summarize(infos, parts), "seconds": round(time.monotonic() - start, 1)}
-    print(split, json.dumps(result[split]), flush=True)
-  if args.cleared:
-    task.checkout_options = {}
+  passes = [""] + (["_cleared"] if args.cleared else [])
+  for suffix in passes:
+    if suffix:
+      task.checkout_options = {}  # the same tasks, the history cleared
     for split in ("validation", "test"):
+      start = time.monotonic()
       infos, parts = play(model, tok, task, task.heldout_problems(None, split), args.k,
                           args.seed, args.temperature)
-      result[f"{split}_cleared"] = summarize(infos, parts)
-      print(f"{split}_cleared", json.dumps(result[f"{split}_cleared"]), flush=True)
+      result[split + suffix] = {**summarize(infos, parts),
+                                "seconds": round(time.monotonic() - start, 1)}
+      print(split + suffix, json.dumps(result[split + suffix]), flush=True)
   task.close()
   with open(args.json, "w") as f:
     json.dump(result, f, indent=2)

@@ -381,8 +381,8 @@ class Cell:
           self._send(request)
         except BrokenPipeError as e:
           # Dead before the program reached it: a fresh cell runs it (it never ran).
-          log.warning("sandbox: cell found dead (%s) %s; starting it again", e,
-                      self._kill())
+          err = self._kill()
+          log.warning("sandbox: cell found dead (%s) %s; starting it again", e, err)
           self._start()
           failures = self._cgroup.memory_failures() if self._cgroup else 0
           start = time.monotonic()

@@ -229,7 +229,8 @@ def build_task_set(names: Sequence[str], config: synth_lib.SynthConfig,
         return {"transcripts": out, "oracle_s": round(time.monotonic() - start, 2)}
 
       # The oracle's turn texts are part of the key: rewording them replays the oracle.
-      # The history agent's turns come from its observations: its name is the key.
+      # The history agent's turns come from its observations: its name and its git
+      # command are the key.
       oracle_key = _key({"synth": synth_key, "tools": dataclasses.asdict(tool_config),
                          "budget": dataclasses.asdict(budget), "context": oracle_context,
                          "turns": [agents.oracle_turns(t, oracle_context) for t in built]}
