@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -36,9 +37,27 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
   return times[len(times) // 2]
 
 
+# The packages whose versions change the numbers: a fresh install can move an RL run's
+# trajectory (the code benchmark's static arm moved by up to 0.36 test Avg@8 per seed
+# between two installs), so every benchmark JSON says which it ran on.
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "orbax-checkpoint")
+
+
+def packages() -> dict:
+  """{package: installed version, or None} for PACKAGES, and the Python version."""
+  out = {"python": platform.python_version()}
+  for name in PACKAGES:
+    try:
+      out[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      out[name] = None
+  return out
+
+
 def machine() -> dict:
   return {"platform": platform.platform(), "cpus": os.cpu_count(),
-          "jax": jax.__version__, "devices": [str(d) for d in jax.devices()]}
+          "jax": jax.__version__, "devices": [str(d) for d in jax.devices()],
+          "packages": packages()}
 
 
 def write_json(path: str | None, payload: dict) -> None:

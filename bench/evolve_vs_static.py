@@ -25,9 +25,11 @@ JSON keys: `split` ('test'), `seeds`, `means` {static, recipe_search, evotrainer
 test, `validation_means` (the same on validation), `diff_vs_static` and
 `diff_recipe_vs_static` {mean, lo, hi}, `selection_gap` (mean over seeds of the
 evotrainer incumbent's validation gain over its root minus its test gain), `steps`,
-`arms` (per seed), `config`, `wall_s`. A finished arm in `--workdir` is read back, not
-rerun. `--arms static,evotrainer` runs a subset (static is always needed); an arm not run
-has no mean and no difference (null).
+`arms` (per seed), `config`, `packages` (the versions of jax, flax, optax, numpy, ...
+found by this process: runs on another install are not comparable step for step),
+`wall_s`. A finished arm in `--workdir` is read back, not rerun. `--arms
+static,evotrainer` runs a subset (static is always needed); an arm not run has no mean
+and no difference (null).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ import time
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from bench.common import packages
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ARMS = ("static", "recipe_search", "evotrainer")
@@ -225,7 +229,7 @@ def main(argv=None) -> dict:
          "selection_gap": statistics.mean(gaps) if gaps else None,
          "arms": {a: {str(s): {k: v for k, v in arms[a][s].items() if k != "per_problem"}
                       for s in seeds} for a in arms},
-         "wall_s": round(time.time() - t0, 1)}
+         "packages": packages(), "wall_s": round(time.time() - t0, 1)}
   print("\narm (test Avg@8)  " + "  ".join(f"seed {s}" for s in seeds) + "   mean")
   for a in arms:
     print(f"{a:17s} " + "  ".join(f"{arms[a][s]['test']:.4f}" for s in seeds)
