@@ -3,8 +3,8 @@ r"""SWE task synthesis on the pinned libraries: tasks, build time, F2P sizes, ag
   python bench/swe_synthesis.py --json swe_synthesis.json [--out_dir tasks/] \
       [--max_tasks 20 --max_candidates 60 --workers 2 --libraries xmltodict,parse]
 
-For each library of `third_party/swe_sources.json`: fetch (pip + sha256; cached after
-the first time, so `fetch_s` is small on a warm cache), synthesize (`build_s`: the
+For each library of `evotrainer/tasks/swe/data/swe_sources.json`: fetch (pip + sha256;
+cached after the first time, so `fetch_s` is small on a warm cache), synthesize (`build_s`: the
 stability runs and one sandboxed suite run per mutant tried), then check out every task
 as its single-commit repository, let the oracle (inverse edit) and the random agent
 (3 random line edits, seed 0) act, and grade both with the real grader (non-test changes

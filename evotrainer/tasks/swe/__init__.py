@@ -2,7 +2,7 @@
 
 A leaf (no JAX): repository code only ever runs in the sandbox (`runner.py`).
 
-  sources.py  the pinned source distributions (third_party/swe_sources.json): pip
+  sources.py  the pinned source distributions (data/swe_sources.json): pip
               download into a cache, sha256 check, extraction.
   runner.py   a repository's pytest suite run in sandbox cells; per-test outcomes.
   mutate.py   libcst bug injection: operator swap, constant change, inverted condition,

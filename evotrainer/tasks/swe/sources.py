@@ -1,16 +1,17 @@
 """Pinned source distributions: the manifest, the fetch, the hash check, the extraction.
 
-The manifest (`third_party/swe_sources.json`) names each library by version, sdist file
-name and sha256. `fetch` downloads the sdist with pip from the package registry into the
-cache (`~/.cache/evotrainer/swe` unless told otherwise), refuses a file whose hash is not
-the manifest's, and extracts it once; later calls reuse the extracted tree. No library
-code is vendored in the repository.
+The manifest (`data/swe_sources.json`, package data) names each library by version,
+sdist file name and sha256. `fetch` downloads the sdist with pip from the package
+registry into the cache (`~/.cache/evotrainer/swe` unless told otherwise), refuses a file
+whose hash is not the manifest's, and extracts it once; later calls reuse the extracted
+tree. No library code is vendored in the repository.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.resources
 import json
 import os
 import pathlib
@@ -19,7 +20,9 @@ import subprocess
 import sys
 import tarfile
 
-MANIFEST = pathlib.Path(__file__).resolve().parents[3] / "third_party" / "swe_sources.json"
+# Package data (setup.py), so a non-editable install finds it too.
+MANIFEST = pathlib.Path(
+    str(importlib.resources.files(__package__).joinpath("data", "swe_sources.json")))
 DEFAULT_CACHE = pathlib.Path(os.path.expanduser("~/.cache/evotrainer/swe"))
 PIP_TIMEOUT_S = 600
 
@@ -104,8 +107,8 @@ def fetch(source: Source, cache_dir: os.PathLike | str | None = None) -> pathlib
   got = sha256_of(sdist)
   if got != source.sha256:
     raise SourceError(f"{sdist}: sha256 {got} is not the pinned {source.sha256} of "
-                      f"{source.repo} (third_party/swe_sources.json); delete the file to "
-                      "fetch it again, or fix the pin")
+                      f"{source.repo} ({MANIFEST}); delete the file to fetch it again, or "
+                      "fix the pin")
   shutil.rmtree(tree, ignore_errors=True)
   staging = cache / "src" / f".{source.name}-{source.version}.tmp"
   shutil.rmtree(staging, ignore_errors=True)

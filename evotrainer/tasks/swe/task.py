@@ -180,7 +180,7 @@ def build_task_set(names: Sequence[str], config: synth_lib.SynthConfig,
     config: synthesis knobs (per source).
     suite: runs suites in the sandbox.
     cache_dir: fetched sources and built task sets live here.
-    manifest: the sources manifest (default third_party/swe_sources.json).
+    manifest: the sources manifest (default: the package's data/swe_sources.json).
     trees: {name: a local directory} used instead of fetching that source.
     tool_config, budget: the episode's tools and budgets (the oracle's observations).
     oracle_context: lines around the bug the oracle reads on each side.
@@ -264,7 +264,7 @@ class SweDomain:
     group_by: what the splits keep apart: "function" or "repo".
     split_seed: the split's hash seed.
     cache_dir: fetched sources and built task sets (`~` expanded).
-    manifest: the sources manifest (None: third_party/swe_sources.json).
+    manifest: the sources manifest (None: the package's data/swe_sources.json).
     trees: {source name: local directory} used instead of fetching it (offline, or a
       user's own checkout of the pinned version).
     tool_config: the tools' knobs (`@ToolConfig()`; None: `ToolConfig()` with
