@@ -12,7 +12,7 @@ has a stand-in here:
   the latest checkpoint (all a resume keeps: it truncates the logs to that step). On a
   restart the mirror is first made equal to the workdir (`Mirror.fetch`).
 * Atomic rename. One object write is atomic (a reader sees the old object or the new one,
-  never a part), so `write_atomic` is one write there, and temp file + `os.replace` locally.
+  never a part), so `write_atomic` is one write there, and `atomic.write_bytes` locally.
 * `flock`. The lock of a remote workdir is taken in its mirror directory
   (evotrainer/workdir.py): it excludes a second launch on the same host, not on another.
 
@@ -37,6 +37,8 @@ import time
 from typing import Callable, Optional, Union
 
 import gin
+
+from evotrainer import atomic
 
 PathLike = Union[str, os.PathLike]
 
@@ -108,15 +110,12 @@ def makedirs(path: PathLike) -> None:
 
 def write_atomic(path: PathLike, data: Union[str, bytes]) -> None:
   """Writes the whole file so that a reader sees the old content or the new, never a
-  part: one object write for a URL; a temporary file and `os.replace` locally."""
+  part: one object write for a URL; `atomic.write_bytes` (fsynced) locally."""
   raw = data.encode() if isinstance(data, str) else data
   if is_remote(path):
     as_path(path).write_bytes(raw)
     return
-  p = pathlib.Path(os.path.expanduser(os.fspath(path)))
-  tmp = p.with_name(p.name + ".tmp")
-  tmp.write_bytes(raw)
-  os.replace(tmp, p)
+  atomic.write_bytes(os.path.expanduser(os.fspath(path)), raw)
 
 
 @gin.configurable(module="paths")
@@ -201,9 +200,7 @@ class Mirror:
     """Copies the workdir's `name` over the local one (whole, or not at all)."""
     local = self.local(name)
     local.parent.mkdir(parents=True, exist_ok=True)
-    tmp = local.with_name(local.name + ".fetch")
-    tmp.write_bytes(self.target(name).read_bytes())
-    os.replace(tmp, local)
+    atomic.write_bytes(local, self.target(name).read_bytes())
     self._pushed[str(local)] = _signature(local)
 
   def pull(self, skip: Callable[[str], bool], replace: bool = False) -> int:
@@ -236,9 +233,7 @@ class Mirror:
   def _save_state(self) -> None:
     if self._state is not None:
       state = {os.path.relpath(k, self.dir): v for k, v in self._pushed.items()}
-      tmp = self._state.with_name(self._state.name + ".tmp")
-      tmp.write_text(json.dumps(state, sort_keys=True))
-      os.replace(tmp, self._state)
+      atomic.write_json(self._state, state, sort_keys=True)
 
   def clear(self, name: str) -> None:
     """Removes the local directory `name` of a remote workdir (files only ever uploaded,

@@ -15,12 +15,13 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 from typing import Any, Iterable, Optional, Protocol, Sequence, runtime_checkable
 
 import gin
 import numpy as np
 import sentencepiece as spm
+
+from evotrainer import atomic
 
 
 @runtime_checkable
@@ -166,17 +167,8 @@ def _sp_cache_key(texts: Sequence[str], options: dict) -> str:
 
 def _write_atomically(path: str, data: bytes) -> None:
   """Writes through a temporary file so concurrent trainers never expose a partial model."""
-  directory = os.path.dirname(path)
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  atomic.write_bytes(path, data)
 
 
 class _SpecialIds:

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from evotrainer import paths
+from evotrainer import atomic, paths
 from evotrainer.checkpoint import Checkpoints
 from evotrainer.console import progress_bar
 from evotrainer.harness.diagnostics import run_diagnostics
@@ -231,10 +231,7 @@ def truncate_jsonl(path: str, step: int) -> None:
           keep.append(line if line.endswith("\n") else line + "\n")
       except (ValueError, KeyError):  # a line cut by a crash
         continue
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.writelines(keep)
-  os.replace(tmp, path)
+  atomic.write_text(path, "".join(keep))
 
 
 @gin.configurable(module="train")

@@ -16,6 +16,8 @@ import pathlib
 import time
 from typing import Any, Mapping
 
+from evotrainer import atomic
+
 GATES = ("diagnosis", "design", "backtest", "verification")
 
 
@@ -63,10 +65,8 @@ def _approval_matches(flag: pathlib.Path, stage: str, gen: int) -> bool:
 
 
 def write_json(path: pathlib.Path, data: Any) -> None:
-  """Writes `data` as JSON to `path` atomically (temp file + rename)."""
-  tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-  os.replace(tmp, path)
+  """Writes `data` as JSON to `path` atomically (`atomic.write_json`)."""
+  atomic.write_json(path, data, indent=2, default=str)
 
 
 class HumanGates:

@@ -45,10 +45,9 @@ import operator
 import os
 import pathlib
 import re
-import shutil
-import tempfile
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from evotrainer import atomic
 from evotrainer.evolution.search_space import (ComponentListKnob, Intervention, SearchSpace,
                                                same_value, extra_item, canonical,
                                                make_intervention, normalize)
@@ -418,26 +417,6 @@ class Skill:
 # ------------------------------------------------------------------ the library
 
 
-def _write_atomic(path: pathlib.Path, text: str) -> None:
-  """Write-then-rename in the same directory, fsynced: a reader sees the old or the new."""
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-  dfd = os.open(path.parent, os.O_RDONLY)
-  try:
-    os.fsync(dfd)
-  finally:
-    os.close(dfd)
-
-
 def _text(skill: Skill) -> str:
   return json.dumps(skill.to_dict(), indent=2) + "\n"
 
@@ -482,9 +461,7 @@ class SkillLibrary:
         dest = directory / path.name
         if not dest.exists():
           load_skill(path)  # refuse to spread a broken file
-          tmp = directory / f".{path.name}.copy"
-          shutil.copyfile(path, tmp)
-          os.replace(tmp, dest)
+          atomic.write_bytes(dest, path.read_bytes())
     return cls(directory)
 
   def __len__(self) -> int:
@@ -525,7 +502,7 @@ class SkillLibrary:
         raise SkillError(f"skill {skill.name!r} already exists in {self.directory} with "
                          f"other content")
       return self._skills[skill.name]
-    _write_atomic(self.directory / f"{skill.name}.json", _text(skill))
+    atomic.write_text(self.directory / f"{skill.name}.json", _text(skill))
     self._skills[skill.name] = skill
     return skill
 
@@ -549,7 +526,7 @@ class SkillLibrary:
     history = s.history + (({"version": version, "domain": domain,
                              "success": bool(success)},) if version is not None else ())
     new = dataclasses.replace(s, domains={**s.domains, domain: counts}, history=history)
-    _write_atomic(self.directory / f"{name}.json", _text(new))
+    atomic.write_text(self.directory / f"{name}.json", _text(new))
     self._skills[name] = new
     return new
 

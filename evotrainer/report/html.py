@@ -15,22 +15,21 @@ What it shows, all read from the run directory:
 The page opens offline: no scripts, no external CSS or fonts, plots are inline SVG
 polylines drawn here. Every piece of run text (completions in evidence snippets above
 all) is HTML-escaped, its control characters and lone surrogates written as escapes. The
-file is written atomically (temp file + os.replace), so a reader never sees a
+file is written atomically (`evotrainer/atomic.py`), so a reader never sees a
 half-written report while the run regenerates it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import math
 import os
 import pathlib
-import tempfile
 import time
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from evotrainer import atomic
 from evotrainer.evolution.ledger import Ledger, VersionRecord
 from evotrainer.evolution.stats import score_label
 from evotrainer.harness.base import printable
@@ -538,18 +537,7 @@ def render_report(workdir: str | os.PathLike, ledger: Optional[Ledger] = None) -
     if own:
       ledger.close()
   out = workdir / REPORT_NAME
-  fd, tmp = tempfile.mkstemp(dir=workdir, prefix=".report.", suffix=".html.tmp")
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      f.write(page)
-      f.flush()
-      os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, out)
-  except BaseException:
-    with contextlib.suppress(OSError):
-      os.unlink(tmp)
-    raise
+  atomic.write_text(out, page)
   return out
 
 

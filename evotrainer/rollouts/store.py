@@ -60,7 +60,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from evotrainer import paths
+from evotrainer import atomic, paths
 from evotrainer.rollouts.schema import (SCHEMA, episodes_to_table, read_column,
                                         table_to_columns, table_to_episodes, to_json)
 from evotrainer.types import Episode
@@ -146,14 +146,6 @@ def _footer_sha(kv: dict) -> str:
     v = kv.get(k, b"")
     h.update(len(v).to_bytes(8, "little") + v)
   return h.hexdigest()
-
-
-def _fsync_dir(path: pathlib.Path) -> None:
-  fd = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
 
 
 class RolloutStore:
@@ -272,7 +264,7 @@ class RolloutStore:
     finally:
       tmp.unlink(missing_ok=True)
     for d in (final.parent, final.parent.parent, self.root):  # the new names are durable
-      _fsync_dir(d)
+      atomic.fsync_dir(d)
     return final
 
   # --- reading
@@ -307,7 +299,7 @@ class RolloutStore:
     reason_path = dst.with_name(dst.name + ".reason.json")
     reason_path.write_text(json.dumps(record, indent=2) + "\n")
     for d in (qdir, path.parent):
-      _fsync_dir(d)
+      atomic.fsync_dir(d)
     return self._quarantined(path, dst, reason)
 
   def _quarantine_remote(self, path, qdir, reason: str) -> Optional[QuarantinedFile]:

@@ -52,6 +52,7 @@ from typing import Mapping, Optional, Sequence
 
 import gin
 
+from evotrainer import atomic
 from evotrainer.tasks import chat as chat_lib
 from evotrainer.tasks.base import Problem, normalize_prompt
 from evotrainer.tasks.swe import agents, mutate, records, repo as repo_lib, runner as runner_lib
@@ -157,9 +158,7 @@ def _cached(path: pathlib.Path, make) -> dict:
     return json.loads(path.read_text())
   data = make()
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(f".{os.getpid()}.tmp")
-  tmp.write_text(json.dumps(data))
-  os.replace(tmp, path)
+  atomic.write_json(path, data)
   return data
 
 
