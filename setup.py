@@ -6,7 +6,7 @@ from setuptools import find_packages, setup
 
 HERE = pathlib.Path(__file__).parent
 
-# Pinned to the set tested together on Python 3.11 (see README, "Versions").
+# Pinned to the set tested together on Python 3.11 (see docs/versions.md).
 INSTALL_REQUIRES = [
     "jax==0.10.2",
     "jaxlib==0.10.2",

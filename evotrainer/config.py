@@ -161,7 +161,7 @@ def compilation_cache(directory: Optional[str] = DEFAULT_COMPILATION_CACHE) -> O
 
   Every branch of an evolution is a new process that compiles the same sampler, learner
   and evaluation programs as its parent: with the cache, the root compiles them and the
-  branches load them (the README's figures say what it saves). The environment variable
+  branches load them (docs/results.md says what it saves). The environment variable
   `JAX_COMPILATION_CACHE_DIR`, when set, wins. Entries are keyed by the program, the
   backend and the JAX version, so a stale entry is never used for another program.
   """

@@ -68,7 +68,7 @@ flags.DEFINE_string("coordinator_address", None, "multi-host coordinator host:po
 flags.DEFINE_integer("num_processes", None, "multi-host process count.")
 flags.DEFINE_integer("process_id", None, "multi-host id of this process.")
 
-# Run modes that refuse a gs:// workdir (evotrainer/paths.py; README "Remote workdirs").
+# Run modes that refuse a gs:// workdir (evotrainer/paths.py; docs/multihost.md#remote-workdirs-gs).
 _LOCAL_ONLY_MODES = ("branch",)
 # Run modes whose controller works in the local mirror of a gs:// workdir.
 _CONTROLLER_MODES = ("evolve", "sweep")

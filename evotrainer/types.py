@@ -1,4 +1,4 @@
-"""Records that cross stage boundaries (DESIGN.md section 3).
+"""Records that cross stage boundaries (docs/design.md#records).
 
 Device-side records are `flax.struct` dataclasses (pytrees); host-side records are
 plain frozen dataclasses. Array fields carry their shape in a comment.

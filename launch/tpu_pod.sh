@@ -33,7 +33,7 @@ environment:
   WORKDIR               run directory every worker sees: a gcsfuse or NFS mount, or a
                         gs://bucket/path URL for run.mode='train' (evolve and sweep on a
                         pod need a mount: every worker writes its part of their branches'
-                        checkpoints; README "Remote workdirs") (required by run unless
+                        checkpoints; docs/multihost.md#remote-workdirs-gs) (required by run unless
                         --workdir is among the flags)
   MESH_GIN              mesh preset (default gin/mesh/fsdp.gin)
   REMOTE_DIR            where the repository goes on the workers (default evotrainer)

@@ -1,4 +1,4 @@
-"""The evolution controller's host side (DESIGN.md section 7): no JAX here.
+"""The evolution controller's host side (docs/design.md#the-evolution-controller): no JAX here.
 
   ledger.py             the version ledger (SQLite, WAL): versions, attempts, findings,
                         decisions, harness versions, skills used; crash- and resume-safe

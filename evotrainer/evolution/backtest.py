@@ -1,4 +1,4 @@
-"""Backtests of harness-side interventions on cached rollouts (DESIGN.md s.7).
+"""Backtests of harness-side interventions on cached rollouts (docs/method.md, step 5).
 
 A reward part, filter or estimator change (`is_harness_side`) can be judged before any
 training: the incumbent's stored training steps are replayed under the harness before and

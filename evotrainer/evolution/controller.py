@@ -1,4 +1,4 @@
-"""The evolution controller: the EvoTrainer loop over versions (METHOD.md, DESIGN.md s.7).
+"""The evolution controller: the EvoTrainer loop over versions (docs/method.md, docs/design.md).
 
 Per generation (`Controller.run`):
   escalate    after `escalate_after` consecutive rejections: re-validate the evaluation

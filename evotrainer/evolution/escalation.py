@@ -1,4 +1,4 @@
-"""Escalation of the evolution loop after repeated rejections (METHOD.md).
+"""Escalation of the evolution loop after repeated rejections (docs/method.md#escalation).
 
 After `escalate_after` consecutive rejections the controller re-validates the evaluation
 pipeline (`eval_check`, the domain's verifier and splits, and the repeatability of every

@@ -1,4 +1,4 @@
-"""Harness evolution: the controller's active diagnostics and validators (DESIGN.md s.7).
+"""Harness evolution: the controller's active diagnostics and validators (docs/method.md).
 
 The active harness is a harness version in the ledger (`controller/harness`): h0 holds the
 given components (default DEFAULT_DIAGNOSTICS / DEFAULT_VALIDATORS); a relaunch rebuilds

@@ -1,4 +1,4 @@
-"""The version ledger: what the evolution did, in one SQLite file (METHOD.md, "Memory").
+"""The version ledger: what the evolution did, in one SQLite file (docs/method.md, "Memory").
 
 Tables (schema `SCHEMA_VERSION`):
   versions          one row per policy version: parent, status, bindings diff, operative

@@ -15,7 +15,7 @@ sweep's driver runs over it: its root and variants are the branches):
   its `branch` child (trainer.py's command line) as process i of that run, so a branch
   spans all hosts' devices like `run.mode='train'` does. The children read the parent's
   checkpoint from the shared workdir; the leader's child writes branch_result.json (and
-  every child its part of the Orbax checkpoints: run.py, README "Multi-host").
+  every child its part of the Orbax checkpoints: run.py, docs/multihost.md).
 * **One failure fails the branch everywhere.** Each process posts its child's outcome
   (exit code, end time, log tail). While its child runs, every process checks the others'
   outcomes once a second and kills its own child when another one failed or another

@@ -1,6 +1,6 @@
 """Proposers: from the incumbent's findings to ranked single-factor hypotheses.
 
-METHOD.md steps 3-4: each proposal is one falsifiable statement, "change X, expect Y
+docs/method.md steps 3-4: each proposal is one falsifiable statement, "change X, expect Y
 because Z", carried by exactly one `Intervention` inside the search space.
 
   skills   (default) the incumbent's findings ranked by severity; interventions from the

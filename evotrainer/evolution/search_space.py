@@ -1,4 +1,4 @@
-"""The search space: the action boundary of the evolution (METHOD.md steps 3-4).
+"""The search space: the action boundary of the evolution (docs/method.md steps 3-4).
 
 A *knob* is one gin binding the controller may change, with a typed domain; a
 `SearchSpace` is the list of knobs. Every change the controller makes is an

@@ -1,4 +1,4 @@
-"""Skills: what worked before, as trigger -> intervention rules (METHOD.md, "Memory").
+"""Skills: what worked before, as trigger -> intervention rules (docs/method.md, "Memory").
 
 A skill is one human-readable JSON file: a *trigger* (a condition over the incumbent's
 findings and current bindings), an *intervention template* (one gin binding change),
@@ -294,7 +294,7 @@ class Skill:
 
   @property
   def cross_domain(self) -> bool:
-    """True only once the skill was validated in two domains (METHOD.md)."""
+    """True only once the skill was validated in two domains (docs/method.md)."""
     return len(self.domains_validated) >= 2
 
   def triggered(self, findings: Sequence, bindings: Optional[Mapping] = None

@@ -1,4 +1,4 @@
-"""Diagnostics: metrics per layer (METHOD.md, step 2) with thresholds that emit Findings.
+"""Diagnostics: metrics per layer (docs/method.md, step 2) with thresholds that emit Findings.
 
 Each diagnostic is a gin-configurable class (`module="harness"`) with a `name`, a `layer`
 (one of `types.LAYERS`), a `threshold` and a `direction` ('above': a finding when the

@@ -3,7 +3,7 @@
 Trajectory sentinels (`TrajectoryFilter`: episodes -> FilterResult) cut single episodes
 that should not train the policy: truncated ones (hard / soft rules), echo-trap loops,
 malformed ones (or any other recorded stop reason), and for multi-turn episodes abandoned
-or idle ones (METHOD.md's stop-reason taxonomy). A cut row is masked out of its group's
+or idle ones (docs/method.md#stop-reasons). A cut row is masked out of its group's
 statistics and gets advantage 0.
 
 Group filters (`GroupFilter`: groups -> [num_groups] bool) judge GRPO groups by their

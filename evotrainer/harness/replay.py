@@ -1,6 +1,6 @@
 """Replay and backtest: run a harness over stored rollouts without generating again.
 
-METHOD.md step 5 ("Backtest before spending training compute"): re-score the cached
+docs/method.md step 5 (backtest before spending training compute): re-score the cached
 rollouts under a candidate reward / filter and check the predicted direction, e.g. "an
 auxiliary reward rescued 9 of 20 dead groups", "a soft-truncation threshold of 20 cut
 4-9% of trajectories and only 3-5 fully correct ones", "an edit-streak penalty of weight
@@ -14,7 +14,7 @@ auxiliary reward rescued 9 of 20 dead groups", "a soft-truncation threshold of 2
                              correct episodes cut by the candidate's filters
   validator_precision_recall a validator (or several) against labelled evidence
   diagnostic_by_version      one diagnostic metric over each stored version's episodes
-                             (METHOD.md outer loop: replay a new metric over earlier
+                             (docs/method.md, the outer loop: replay a new metric over earlier
                              versions and keep it only if it separates good from bad ones)
 
 Nothing here writes to the store. Episodes are decoded fresh from Parquet for each step

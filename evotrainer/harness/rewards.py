@@ -7,7 +7,7 @@ A *reward part* is a `RewardPart` (harness/base.py): an object with a `name` and
 behaviour bonuses, judge scores) are computed here. `RewardComposer` computes every
 component, writes its values back into `episode.reward_parts[name]` (so the rollout store
 keeps them and diagnostics and replays can read them), and sets `episode.reward` to the
-clipped weighted sum (METHOD.md: R = 1.0·CR + α·IF + β·SBE + γ·ETT, reward clipping).
+clipped weighted sum (docs/method.md#reward-composition).
 
 Adding a part = one class (or function) + naming it in gin (the components list, and a
 weight in `parts`). In your own module (loaded with `--import=my_module`):

@@ -1,5 +1,5 @@
-"""Validators: integrity checks that gate a branch's promotion (METHOD.md, "Evolving
-diagnostics block invalid branches"). They never shape the reward.
+"""Validators: integrity checks that gate a branch's promotion (docs/method.md#validators).
+They never shape the reward.
 
 Each validator is a gin-configurable class (`module="harness"`) with a `name` and
 `__call__(evidence: Evidence) -> Verdict`; the verdict carries the statistic, the
@@ -215,7 +215,7 @@ class LeakDetector:
 
   Searches each episode's completion and `info[k]` for k in `info_keys` (tool calls,
   commands; serialized to text) for any regex of `patterns` (case-insensitive). The
-  default patterns (`SWE_LEAKS`) catch reading the fix from SWE git history (METHOD.md)
+  default patterns (`SWE_LEAKS`) catch reading the fix from SWE git history (docs/domains/swe.md)
   and tool paths outside the repository or into `.git`; a domain sets its own, e.g. an
   answer-key file name. Fails when the share of matching episodes is
   above `max_share` (default 0: any match fails).

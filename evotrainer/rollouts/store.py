@@ -8,7 +8,7 @@ Layout. One file per (version, step, split):
     <root>/_quarantine/<version>/<split>/step-<...>.parquet[.N]   unreadable files, moved
     <root>/_quarantine/.../step-<...>.parquet[.N].reason.json     ... and why
 
-Atomicity (DESIGN.md section 7: nothing is lost on a crash). A step is written to a
+Atomicity (docs/design.md#run-directories: nothing is lost on a crash). A step is written to a
 temporary name in its final directory, fsynced, then published with `os.link(tmp, final)`
 (which fails if `final` exists, so two writers can never replace each other's file), the
 temporary name is removed and the directory fsynced. A reader therefore sees a step

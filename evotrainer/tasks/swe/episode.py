@@ -2,7 +2,7 @@
 
 `SweEpisode.step(text)` takes one model turn: parses the call (`tools.parse_call`), runs
 it on the episode's `Workspace`, records a `Turn`, and decides whether the episode stops.
-Stop reasons (METHOD.md's taxonomy; the multi-turn sampler adds its token budgets):
+Stop reasons (docs/method.md#stop-reasons; the multi-turn sampler adds its token budgets):
   submitted   the model called `submit`
   max_turns   `Budget.max_turns` turns taken without submitting
   tool_error  `Budget.max_errors` invalid calls in a row (malformed, unknown tool, bad
