@@ -11,15 +11,14 @@ File schema (JSONL, one object a line): `{"prompt": "12+7=", "answer": "19"}`; b
 non-empty strings. A malformed row is an error naming file:line.
 
 Shipped sets (`data/canaries/`): `tiny_arithmetic_d{1,2,3}.jsonl`, 128 prompts each,
-written by `python -m evotrainer.tasks.canaries` from validation-split prompts beyond the
-first 500 validation problems (the main job's validation set); once written, a file's
-answers no longer depend on the generator, and tests/tasks/test_canaries.py re-checks
-each by an independent sum.
+written by `python -m evotrainer.tasks.math` (`write_default_canaries`, beside the
+generator) from validation-split prompts beyond the first 500 validation problems (the
+main job's validation set); once written, a file's answers no longer depend on the
+generator, and tests/tasks/test_canaries.py re-checks each by an independent sum.
 """
 
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Optional, Sequence
 
@@ -49,32 +48,3 @@ def default_canary_file(sources: Sequence[str], difficulty: int) -> Optional[pat
     path = DATA / f"tiny_arithmetic_d{difficulty}.jsonl"
     return path if path.is_file() else None
   return None
-
-
-def write_default_canaries() -> list[pathlib.Path]:
-  """Writes the shipped sets (see the module docstring); returns their paths."""
-  from evotrainer.tasks.base import split_of
-  from evotrainer.tasks.math import _tiny_arithmetic  # pylint: disable=protected-access
-  DATA.mkdir(parents=True, exist_ok=True)
-  out = []
-  for difficulty in (1, 2, 3):
-    seen, rows, skipped, key = set(), [], 0, 0
-    while len(rows) < SIZE:
-      question, answer, _ = _tiny_arithmetic(key, difficulty)
-      key += 1
-      if question in seen or split_of(question, 0.1, 0.1) != "validation":
-        continue
-      seen.add(question)
-      if skipped < SKIP_VALIDATION:
-        skipped += 1
-        continue
-      rows.append({"prompt": question, "answer": answer})
-    path = DATA / f"tiny_arithmetic_d{difficulty}.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out.append(path)
-  return out
-
-
-if __name__ == "__main__":
-  for p in write_default_canaries():
-    print(p)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import logging
 import operator
 import pathlib
@@ -40,12 +41,12 @@ from typing import Optional, Sequence
 
 import gin
 
+from evotrainer.tasks import canaries
 from evotrainer.tasks.base import (HELDOUT_KEYS, MAX_ROW_CHARS, BadRow, DataError,
                                    JsonlFile, JsonlSource, ProceduralSource, Problem,
                                    check_disjoint, check_fractions, check_task_args,
                                    heldout_set, json_object, read_jsonl, split_of,
                                    train_draws)
-from evotrainer.tasks.canaries import default_canary_file, load_canaries
 from evotrainer.tasks.verify import (METHODS, VerifierPool, answer_tag, boxed_contents,
                                      count_candidates, extract_answer, fast_verdict,
                                      numbers_in, parse_number, too_long)
@@ -361,8 +362,8 @@ class MathTask:
     self._verifier = verifier
     self._owns_verifier = verifier is None
     self._verify_workers, self._verify_timeout_s = verify_workers, verify_timeout_s
-    self.canary_file = (default_canary_file(sources, difficulty) if canary_file == "default"
-                        else canary_file or None)
+    self.canary_file = (canaries.default_canary_file(sources, difficulty)
+                        if canary_file == "default" else canary_file or None)
     self._canaries: Optional[list[Problem]] = None
 
   # ------------------------------------------------------------------ problems
@@ -406,7 +407,7 @@ class MathTask:
     train split under this task's fractions dropped (logged): a canary is never trained
     on."""
     if self._canaries is None:
-      rows = load_canaries(self.canary_file) if self.canary_file else []
+      rows = canaries.load_canaries(self.canary_file) if self.canary_file else []
       self._canaries = [p for p in rows if split_of(p.prompt, *self.fractions) != "train"]
       if len(self._canaries) < len(rows):
         log.warning("MathTask: %d of %d canaries of %s fall in the train split at these "
@@ -480,3 +481,31 @@ class MathTask:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def write_default_canaries() -> list[pathlib.Path]:
+  """Writes the shipped canary sets of tiny_arithmetic (tasks/canaries.py says how they
+  are chosen); returns their paths."""
+  canaries.DATA.mkdir(parents=True, exist_ok=True)
+  out = []
+  for difficulty in (1, 2, 3):
+    seen, rows, skipped, key = set(), [], 0, 0
+    while len(rows) < canaries.SIZE:
+      question, answer, _ = _tiny_arithmetic(key, difficulty)
+      key += 1
+      if question in seen or split_of(question, 0.1, 0.1) != "validation":
+        continue
+      seen.add(question)
+      if skipped < canaries.SKIP_VALIDATION:
+        skipped += 1
+        continue
+      rows.append({"prompt": question, "answer": answer})
+    path = canaries.DATA / f"tiny_arithmetic_d{difficulty}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out.append(path)
+  return out
+
+
+if __name__ == "__main__":  # rewrites the shipped canary sets
+  for p in write_default_canaries():
+    print(p)
