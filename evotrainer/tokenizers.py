@@ -29,8 +29,10 @@ class Tokenizer(Protocol):
   """What the rest of EvoTrainer needs from a tokenizer.
 
   Ids are plain Python ints in `[0, vocab_size)`. `pad_id` is always a real id (distinct
-  from `eos_id` where the tokenizer has a pad token); `decode` drops it. `bos_id` is None
-  for tokenizers without a BOS token (Qwen); `encode(..., add_bos=True)` is then a no-op.
+  from `eos_id` where the tokenizer has a pad token); `decode` drops it only when it is a
+  token of its own, not also eos, bos or a stop id (callers cut padding off by length).
+  `bos_id` is None for tokenizers without a BOS token (Qwen); `encode(..., add_bos=True)`
+  is then a no-op.
   `stop_ids` are the ids that end a sampled turn: eos plus chat end-of-turn tokens.
   """
 
@@ -59,7 +61,7 @@ class Tokenizer(Protocol):
     ...
 
   def decode(self, ids: Sequence[int]) -> str:
-    """Text of the 1-D `ids`, pad ids dropped; it does not stop at eos.
+    """Text of the 1-D `ids`, a pad of its own dropped; it does not stop at eos.
 
     Cut a completion at its first stop id before decoding: other special tokens render as
     the library renders them (SentencePiece bos/eos as "", Hugging Face ones as their text).
@@ -106,8 +108,10 @@ def batch_encode(tokenizer: Tokenizer, texts: Sequence[str], *, add_bos: bool = 
   return ids, lengths
 
 
-def _ids_without_pad(ids: Sequence[int], pad_id: int, vocab_size: int) -> list[int]:
-  """`ids` as Python ints with pad dropped; out-of-range ids are an error, not skipped."""
+def _ids_without_pad(ids: Sequence[int], pad_id: Optional[int],
+                     vocab_size: int) -> list[int]:
+  """`ids` as Python ints with `pad_id` (None: nothing) dropped; out-of-range ids are an
+  error, not skipped."""
   ids = np.asarray(ids)
   if ids.ndim != 1:
     raise ValueError(f"decode takes one sequence of ids, got an array of shape {ids.shape}")
@@ -369,6 +373,9 @@ class HFTokenizer(_SpecialIds):
         raise ValueError(f"tokenizer {self._name}: stop id {i} is outside the vocabulary "
                          f"[0, {self._vocab_size})")
     self._stops = tuple(dict.fromkeys(stops))  # ordered, without duplicates
+    # A pad that is also eos (ChatML GGUF files, base models without a pad token) ends
+    # turns in the text: decode keeps it, so that decode(encode(x)) == x.
+    self._dropped = None if self._pad in (*self._stops, self._bos) else self._pad
 
   @classmethod
   def from_dir(cls, path: str) -> HFTokenizer:
@@ -405,7 +412,7 @@ class HFTokenizer(_SpecialIds):
                      self._bos)
 
   def decode(self, ids: Sequence[int]) -> str:
-    return self._tok.decode(_ids_without_pad(ids, self._pad, self._vocab_size),
+    return self._tok.decode(_ids_without_pad(ids, self._dropped, self._vocab_size),
                             skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
   def apply_chat_template(self, messages: list[dict],

@@ -233,6 +233,9 @@ def test_hf_pad_falls_back_to_eos_and_generation_config_stops(tmp_path):
   tok = tk.HFTokenizer.from_dir(str(tmp_path))
   assert tok.pad_id == tok.eos_id == 0
   assert tok.stop_ids == (0, 2, 1)
+  # A pad that is also eos is text (it ends turns): decode keeps it.
+  text = "<|im_start|>user\n1 + 1<|im_end|>\n<|endoftext|>"
+  assert tok.decode(tok.encode(text)) == text
 
 
 def test_hf_bos_is_added_only_when_asked(tmp_path):
