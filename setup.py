@@ -17,6 +17,8 @@ INSTALL_REQUIRES = [
     "transformers==5.24.0",
     "tokenizers==0.23.3",
     "safetensors==0.8.0",
+    # GGUF model files (evotrainer/model/gguf.py): llama.cpp's reader and dequantizer.
+    "gguf==0.19.0",
     "sentencepiece==0.2.3",
     "gin-config==0.5.0",
     "absl-py==2.5.1",
@@ -41,8 +43,10 @@ EXTRAS = {
     # torch is only the reference implementation for parity tests; this exact pin
     # resolves to the CPU wheel.
     # hypothesis: the property-based suites over model text (tests/fuzz_text.py);
-    # pytest-xdist: the suite runs in two workers (pytest.ini).
-    "test": ["torch==2.13.0", "pytest==9.2.0", "pytest-xdist==3.8.0", "hypothesis==6.155.2"],
+    # pytest-xdist: the suite runs in two workers (pytest.ini). accelerate: transformers
+    # needs it to load a GGUF file, the reference of tests/model/test_gguf.py.
+    "test": ["torch==2.13.0", "pytest==9.2.0", "pytest-xdist==3.8.0", "hypothesis==6.155.2",
+             "accelerate==1.16.0"],
     # gs:// workdirs (evotrainer/paths.py): fsspec's GCS file system for epath, and the
     # client Orbax's GCS code calls. Resolved together with the pins above by pip; not
     # installed in the test environment (tests use tests/fake_gcs.py).

@@ -9,7 +9,8 @@ its own shard and the host holds one tensor at a time. Export goes the other way
 parameter at a time, into a file that `transformers.AutoModelForCausalLM` loads.
 
 One table (`_tensor_table`) names every parameter on both sides and the layout change
-between them, so import and export cannot disagree.
+between them, so import and export cannot disagree; the GGUF import (gguf.py) reads
+through the same table and `place_parameters`.
 """
 
 from __future__ import annotations
@@ -359,6 +360,34 @@ def _place(host: np.ndarray, dtype, sharding) -> jax.Array:
                                       lambda idx: np.array(host[idx], dtype=dtype))
 
 
+def place_parameters(config: ModelConfig, read: Callable[[_Tensor], np.ndarray],
+                     mesh: Optional[Mesh] = None, rules: Rules = LEARNER_RULES) -> Transformer:
+  """A `Transformer(config)` whose parameters are read one at a time and placed on `mesh`.
+
+  Args:
+    config: the model's config; `_tensor_table(config)` lists what is read.
+    read: returns the tensor `t.name` in the Hugging Face layout `t.hf_shape` (it checks
+      the shape and raises, naming the tensor, when the file disagrees).
+    mesh: when given, every parameter is created sharded by `rules`; otherwise each is
+      a single-device array on the default device.
+    rules: logical-to-mesh table (LEARNER_RULES or SAMPLER_RULES).
+  """
+  abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+  graphdef, state = nnx.split(abstract)
+  table = _tensor_table(config)
+  variables = _state_by_path(state, table)
+  shardings = None if mesh is None else dict(
+      nnx.to_flat_state(state_shardings(state, mesh, rules)))
+  dtype = config.jnp_param_dtype
+  placed = []
+  for t in table:
+    host = t.to_ours(read(t))
+    array = _place(host, dtype, None if shardings is None else shardings[t.path])
+    del host  # one tensor on the host at a time
+    placed.append((t.path, variables[t.path].replace(value=array)))
+  return nnx.merge(graphdef, nnx.from_flat_state(placed))
+
+
 def load_hf_checkpoint(path: Union[str, os.PathLike], mesh: Optional[Mesh] = None,
                        rules: Rules = LEARNER_RULES, **config_overrides) -> Transformer:
   """Loads a local Hugging Face Llama / Qwen2 / Qwen3 checkpoint into a `Transformer`.
@@ -378,27 +407,15 @@ def load_hf_checkpoint(path: Union[str, os.PathLike], mesh: Optional[Mesh] = Non
   """
   path = os.fspath(path)
   config = config_from_hf(path, **config_overrides)
-  abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-  graphdef, state = nnx.split(abstract)
-  table = _tensor_table(config)
-  variables = _state_by_path(state, table)
-  shardings = None if mesh is None else dict(
-      nnx.to_flat_state(state_shardings(state, mesh, rules)))
-  dtype = config.jnp_param_dtype
-  placed = []
   with contextlib.ExitStack() as stack:
     files = _CheckpointTensors(path, stack)
-    for t in table:
-      host = t.to_ours(files.read(t))
-      array = _place(host, dtype, None if shardings is None else shardings[t.path])
-      del host  # one tensor on the host at a time
-      placed.append((t.path, variables[t.path].replace(value=array)))
-    used = {t.name for t in table}
+    model = place_parameters(config, files.read, mesh, rules)
+    used = {t.name for t in _tensor_table(config)}
     extra = sorted(n for n in files.weight_map if n not in used)
     if extra:
       logging.warning("%s: ignoring %d tensors the model does not use: %s", files.source,
                       len(extra), extra[:8])
-  return nnx.merge(graphdef, nnx.from_flat_state(placed))
+  return model
 
 
 # --------------------------------------------------------------------------- export
