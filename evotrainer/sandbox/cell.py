@@ -220,7 +220,7 @@ class Cell:
     uid_base = self._uids.base if drop_uid else os.geteuid()
     exe, prefix = interpreter()
     config = {"uid_base": uid_base, "uid_count": UID_BLOCK, "drop_uid": drop_uid,
-              "root": "/tmp", "preload": PRELOAD,
+              "clean_ipc": not self.rlimits_only, "root": "/tmp", "preload": PRELOAD,
               "path": [CELL_LIB] if self.module_paths else []}
     if self.rlimits_only:
       self._host_root = tempfile.mkdtemp(prefix="evotrainer-cell-")
@@ -292,6 +292,7 @@ class Cell:
       for path in self.module_paths:
         cmd += ["--ro-bind", path, f"{CELL_LIB}/{os.path.basename(path)}"]
     cmd += ["--ro-bind", WORKER, CELL_WORKER, "--proc", "/proc", "--dev", "/dev",
+            "--mqueue", "/dev/mqueue",
             "--size", str(self.cell_limits.tmp_mb << 20), "--tmpfs", "/tmp",
             "--size", str(16 << 20), "--tmpfs", "/dev/shm",
             "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",

@@ -13,6 +13,13 @@ signals), and the fork-bomb race is closed by the kernel (a fork in progress abo
 its parent has a fatal signal pending). The worker is a child subreaper, so orphans come
 back to it and are reaped: no zombie and no process outlives a run.
 
+Nor does any IPC object: the cell's IPC namespace is the worker's, shared by all its
+runs, so once a run's processes are gone the worker removes the System V shared memory,
+message queues and semaphore sets and the POSIX message queues (`/dev/mqueue`) it left.
+A later run can neither read them nor find the cell's memory held by them. (POSIX shared
+memory would live in the cell's /dev/shm, which no run may write.) This costs a few
+reads per run; a fresh IPC namespace per run cost ~0.3 ms (unshare) on a 6.x kernel.
+
 Protocol on fds 0/1: 4-byte big-endian length + JSON, one request then one response.
 """
 
@@ -35,6 +42,8 @@ import types
 
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
+IPC_RMID = 0
+MQUEUE = "/dev/mqueue"   # the cell's POSIX message queues (Cell mounts it)
 MEMORY_ERROR_TAIL = b"MemoryError"
 READ_CHUNK = 65536
 
@@ -76,13 +85,15 @@ class Worker:
     self.drop_uid = config["drop_uid"]
     self.root = config["root"]
     self.path = list(config.get("path", ()))  # host modules bound for the runs (Cell)
+    # Only in a cell's own IPC namespace: the host's objects are not ours to remove.
+    self.clean_ipc = config.get("clean_ipc", False)
     self.runs = 0
     self._main = None      # the pid of the running program's main process
     self._reaped = {}
     # What a run sees (plus HOME and TMPDIR, its directory); nothing of the host's.
     os.environ.clear()
     os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"})
-    libc = ctypes.CDLL(None, use_errno=True)
+    self.libc = libc = ctypes.CDLL(None, use_errno=True)
     # no-new-privs on the worker is inherited by every child: no setuid binary, no file
     # capability can give a program back what the uid drop took.
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
@@ -121,6 +132,8 @@ class Worker:
       os.close(fd)
     record = self._supervise(pid, uid, request, out_r, err_r, start)
     shutil.rmtree(workdir, ignore_errors=True)
+    if self.clean_ipc:
+      self._remove_ipc(uid)
     return record
 
   def _prepare_dir(self, workdir, request, uid):
@@ -276,6 +289,31 @@ class Worker:
       self._reap_orphans()
       time.sleep(0.001)
 
+  def _remove_ipc(self, uid):
+    """Removes every System V object and POSIX message queue of the cell (all are the
+    run's: the one before cleaned up after itself). Shared memory is freed at once: no
+    process of the run is left to have it attached."""
+    libc = self.libc
+    removers = {"shm": lambda ident: libc.shmctl(ident, IPC_RMID, None),
+                "msg": lambda ident: libc.msgctl(ident, IPC_RMID, None),
+                "sem": lambda ident: libc.semctl(ident, 0, IPC_RMID)}
+    left = {kind: _sysv_ids(kind) for kind in removers}
+    if any(left.values()):
+      # As the run's uid, their creator: root would need CAP_SYS_ADMIN to remove them.
+      if self.drop_uid:
+        os.seteuid(uid)
+      try:
+        for kind, idents in left.items():
+          for ident in idents:
+            if removers[kind](ident) != 0:
+              raise OSError(ctypes.get_errno(), f"removing System V {kind} {ident} "
+                            f"left by uid {uid}")
+      finally:
+        if self.drop_uid:
+          os.seteuid(0)
+    for name in os.listdir(MQUEUE):
+      os.unlink(os.path.join(MQUEUE, name))
+
   def _uid_has_processes(self, uid, exclude=None):
     # Zombies count: the processes of a run are gone once reaped (by us, the subreaper).
     for name in os.listdir("/proc"):
@@ -302,6 +340,12 @@ class Worker:
         self._reaped[pid] = (status, usage)
       else:
         cpu += usage.ru_utime + usage.ru_stime
+
+
+def _sysv_ids(kind):
+  """The ids of the namespace's System V objects of `kind` ("shm", "msg" or "sem")."""
+  with open(f"/proc/sysvipc/{kind}") as f:
+    return [int(line.split()[1]) for line in f.readlines()[1:]]
 
 
 def _warm_up():
