@@ -32,10 +32,12 @@ Tools (paths are relative to the repository root, "/" separated):
                                              (git_tool.py)
 
 A path that is absolute, climbs out with "..", reaches outside the repository through a
-symlink, or names `.git` (or leads into it through a symlink) is refused (the
-observation says so); the refusal is recorded (`.git` ones apart: `Turn.git_internals`),
-and the leak validators read such attempts (`validators.SWE_OUTSIDE_REPO`,
-`validators.HistoryLeak`). Every observation is capped at `ToolConfig.max_output_chars`
+symlink, names `.git` (or leads into it through a symlink), or is a file with more than
+one name (a hard link, whose other name may lie outside) is refused (the observation
+says so); the refusal is recorded (`.git` ones apart: `Turn.git_internals`), and the
+leak validators read such attempts (`validators.SWE_OUTSIDE_REPO`,
+`validators.HistoryLeak`). `grep`, `run_tests` and `git` leave hard-linked files out of
+what they read. Every observation is capped at `ToolConfig.max_output_chars`
 and ends with a note when cut.
 """
 
@@ -46,6 +48,7 @@ import json
 import os
 import pathlib
 import re
+import stat
 from typing import Optional, Sequence
 
 from evotrainer.tasks.swe import git_tool
@@ -76,7 +79,8 @@ class CallError(ValueError):
 
 
 class PathRefused(CallError):
-  """A path outside the repository (absolute, `..`, a symlink out, `.git`)."""
+  """A path outside the repository (absolute, `..`, a symlink out, `.git`), or a hard
+  link: a file whose other names may lie outside, out of reach of the checks on names."""
 
 
 class GitInternalsRefused(PathRefused):
@@ -239,6 +243,11 @@ class Workspace:
       raise git_refusal
     return full
 
+  def _files(self, folder: pathlib.Path) -> dict[str, str]:
+    """`runner.repo_files` of `folder` less the hard-linked files (see `_text`)."""
+    return {rel: text for rel, text in runner_lib.repo_files(folder).items()
+            if not _hard_linked(folder / rel)}
+
   def _rel(self, full: pathlib.Path) -> str:
     return full.relative_to(self.root).as_posix() or "."
 
@@ -246,6 +255,9 @@ class Workspace:
     full = self.resolve(path)
     if not full.is_file():
       raise CallError(f"{path[:200]!r}: no such file")
+    if _hard_linked(full):
+      raise PathRefused(f"{path[:200]!r}: a hard link (the file has other names, "
+                        f"possibly outside the repository); not usable through the tools")
     if full.stat().st_size > runner_lib.MAX_FILE_BYTES:
       raise CallError(f"{path[:200]!r}: larger than {runner_lib.MAX_FILE_BYTES} bytes")
     try:
@@ -286,7 +298,7 @@ class Workspace:
     if full.is_file():
       files = {self._rel(full): self._text(path)[1]}
     elif full.is_dir():
-      files = runner_lib.repo_files(full)
+      files = self._files(full)
       prefix = self._rel(full)
       files = {(f if prefix == "." else f"{prefix}/{f}"): t for f, t in files.items()}
     else:
@@ -331,7 +343,7 @@ class Workspace:
         found = False
       if not found:
         raise CallError(f"run_tests: {t[:200]!r}: no such test file")
-    result = self.suite.run(runner_lib.repo_files(self.root), list(tests) or
+    result = self.suite.run(self._files(self.root), list(tests) or
                             list(self.test_dirs), self.config.test_timeout_s)
     return suite_summary(result)
 
@@ -341,7 +353,7 @@ class Workspace:
       if self._git_dir is None:
         self._git_dir = git_tool.repo_payload(self.root / ".git")
       tree = git_tool.repo_payload(self.root, lambda p: ".git" not in
-                                   p.relative_to(self.root).parts)
+                                   p.relative_to(self.root).parts and not _hard_linked(p))
     except git_tool.GitRefused as e:
       raise CallError(str(e)) from None
     files = {**tree, **{f".git/{k}": v for k, v in self._git_dir.items()}}
@@ -364,6 +376,12 @@ class Workspace:
     except OSError as e:  # a name too long, a file the mode forbids: an observation
       raise CallError(f"{call.name}: {e.strerror or type(e).__name__}") from None
     return cap(out, self.config.max_output_chars)
+
+
+def _hard_linked(path: pathlib.Path) -> bool:
+  """Whether `path` is a regular file with more than one name."""
+  info = path.stat()
+  return stat.S_ISREG(info.st_mode) and info.st_nlink > 1
 
 
 def suite_summary(result: runner_lib.SuiteResult) -> str:

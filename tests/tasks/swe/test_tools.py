@@ -3,14 +3,16 @@ malformed calls, stop reasons, and an oracle episode through the tools graded fo
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from evotrainer import sandbox
 from evotrainer.tasks.swe import episode as episode_lib
-from evotrainer.tasks.swe import agents, repo, synth, tools
+from evotrainer.tasks.swe import agents, repo, runner, synth, tools
 
 from tests.fuzz_text import FUZZ, model_text, within
 from tests.tasks.swe.conftest import TOY, TOY_LIB, write_toy
@@ -145,6 +147,47 @@ def test_paths_out_of_the_repository_are_refused(ws, tmp_path):
     assert obs.startswith("error: ") and not ep.turns[-1].ok, (path, obs)
   obs, _ = observe(ws, call("grep", pattern="the fix"))  # the symlinks are skipped
   assert obs == "no line contains 'the fix'"
+
+
+class RecordingSuite:
+  """Stands in for the sandbox: keeps what each run and program would have been given."""
+
+  def __init__(self):
+    self.payloads: list[dict] = []
+
+  def run(self, files, tests, timeout_s):
+    self.payloads.append(files)
+    return runner.SuiteResult({}, {}, sandbox.Status.OK, 0.0)
+
+  def run_program(self, source, **kwargs):
+    self.payloads.append(json.loads(kwargs["stdin"])["files"])
+    return sandbox.RunResult(sandbox.Status.OK, 0, "", "", False, False, 0.0, 0.0)
+
+
+def test_hard_links_out_of_the_repository_are_refused(tmp_path):
+  # A file outside the repository given a second name inside it: the path passes every
+  # check on names. Nothing of the file may be read, found, changed, run or sent to git.
+  root = write_toy(tmp_path / "repo")
+  secret = tmp_path / "secret.txt"
+  secret.write_text("the fix is a + b\n")
+  os.link(secret, root / "toylib" / "notes.txt")
+  suite = RecordingSuite()
+  ws = tools.Workspace(root, suite, TOY.tests, tools.ToolConfig(git=True))
+  for text in (call("read_file", path="toylib/notes.txt"),
+               call("grep", pattern="fix", path="toylib/notes.txt"),
+               call("search_replace", path="toylib/notes.txt", search="the fix",
+                    replace="pwned")):
+    obs, ep = observe(ws, text)
+    assert obs.startswith("error: ") and "the fix" not in obs, obs
+    assert "hard link" in obs and ep.turns[-1].refused_path, obs
+  assert secret.read_text() == "the fix is a + b\n"
+  obs, _ = observe(ws, call("grep", pattern="the fix"))
+  assert obs == "no line contains 'the fix'"
+  observe(ws, call("run_tests"))
+  observe(ws, call("git", command="status"))
+  assert len(suite.payloads) == 2
+  for files in suite.payloads:
+    assert "toylib/__init__.py" in files and "toylib/notes.txt" not in files, sorted(files)
 
 
 def test_run_tests_refuses_options_and_missing_files(ws):
