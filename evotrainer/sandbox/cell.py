@@ -243,22 +243,24 @@ class Cell:
       cmd = [exe, "-I", "-S", "-B", WORKER, json.dumps(config)]
       env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
       cwd = self._host_root
-    else:
-      cmd = self._bwrap_command(exe, prefix, config)
-      env, cwd = {}, "/"
-    filter_fd = None
-    if not self.rlimits_only and (bpf := seccomp.program()) is not None:
-      filter_fd = os.memfd_create("seccomp")
-      os.write(filter_fd, bpf)
-      os.lseek(filter_fd, 0, os.SEEK_SET)
-      cmd[1:1] = ["--seccomp", str(filter_fd)]
+    fds = []  # what bwrap reads at start: the worker's text, the seccomp filter
+    bpf = None if self.rlimits_only else seccomp.program()
     try:
+      if not self.rlimits_only:
+        fds.append(os.open(WORKER, os.O_RDONLY))
+        cmd = self._bwrap_command(exe, prefix, config, fds[0])
+        env, cwd = {}, "/"
+        if bpf is not None:
+          fds.append(os.memfd_create("seccomp"))
+          os.write(fds[1], bpf)
+          os.lseek(fds[1], 0, os.SEEK_SET)
+          cmd[1:1] = ["--seccomp", str(fds[1])]
       self._proc = _popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
-                          pass_fds=() if filter_fd is None else (filter_fd,))
+                          pass_fds=tuple(fds))
     finally:
-      if filter_fd is not None:
-        os.close(filter_fd)
+      for fd in fds:
+        os.close(fd)
     self.starts += 1
     try:
       ready = self._receive(time.monotonic() + START_TIMEOUT_S)
@@ -272,10 +274,10 @@ class Cell:
     if self._cgroup is not None:
       self._cgroup.add(_tree(self._proc.pid))
     self.info = {"isolated": not self.rlimits_only, "python": ready.get("python"),
-                 "interpreter": exe, "uid_drop": drop_uid, "seccomp": filter_fd is not None,
+                 "interpreter": exe, "uid_drop": drop_uid, "seccomp": bpf is not None,
                  "cgroups": self._cgroup.controllers if self._cgroup else []}
 
-  def _bwrap_command(self, exe: str, prefix: str, config: dict) -> list[str]:
+  def _bwrap_command(self, exe: str, prefix: str, config: dict, worker_fd: int) -> list[str]:
     cmd = [_bwrap(), *_user_namespace(), "--unshare-net", "--unshare-pid",
            "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
            "--hostname", "sandbox", "--ro-bind", "/usr", "/usr", *_root_links()]
@@ -291,7 +293,9 @@ class Cell:
         cmd += ["--perms", "0755", "--dir", folder]
       for path in self.module_paths:
         cmd += ["--ro-bind", path, f"{CELL_LIB}/{os.path.basename(path)}"]
-    cmd += ["--ro-bind", WORKER, CELL_WORKER, "--proc", "/proc", "--dev", "/dev",
+    # The worker comes in as a copy (read from `worker_fd`), not a bind: a bind's source,
+    # the project's folder on the host, would show in the cell's /proc/self/mountinfo.
+    cmd += ["--ro-bind-data", str(worker_fd), CELL_WORKER, "--proc", "/proc", "--dev", "/dev",
             "--mqueue", "/dev/mqueue",
             "--size", str(self.cell_limits.tmp_mb << 20), "--tmpfs", "/tmp",
             "--size", str(16 << 20), "--tmpfs", "/dev/shm",

@@ -40,6 +40,17 @@ def test_probe_uid_limits_privileges_and_view(cell):
   assert env.startswith("['HOME', 'LANG', 'PATH', 'PYTHONHASHSEED', 'TMPDIR']")
 
 
+def test_mount_table_does_not_say_where_the_project_lives(cell):
+  # /proc/self/mountinfo names the host path of every bind. The worker enters the cell as
+  # a copy, so no line names the project's folder. (The interpreter's prefix is bound at
+  # its own path, and a cell with host modules shows their site-packages: left as is.)
+  project = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+      cell_lib.__file__))))
+  result = sandbox.run_python("print(open('/proc/self/mountinfo').read())", cell=cell)
+  assert result.status is Status.OK and " /opt/sandbox/worker.py " in result.stdout
+  assert project + "/" not in result.stdout, result.stdout
+
+
 def test_probe_process_limit_stops_children(cell):
   source = """
 import os, time
