@@ -32,6 +32,7 @@ import time
 import gin
 
 from evotrainer import paths
+from evotrainer.evolution.branch_result import BranchResult
 
 MODES = ("train", "branch", "evolve", "sweep", "ledger", "sample")
 
@@ -395,7 +396,7 @@ def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
   cfg = branch()
   result_path = pathlib.Path(workdir) / "branch_result.json"
   if result_path.exists():  # finished before a crash of the caller: idempotent
-    return json.loads(result_path.read_text())
+    return BranchResult.read(workdir).to_json()
   parent_checkpoints = None
   if cfg["parent"]:
     checkpoint.restore_params_into(cfg["parent"], model)
@@ -409,18 +410,18 @@ def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
     checkpoint.save_model(model_dir, model, metadata={"version": cfg["version"]})
   result = _branch_result(workdir, cfg["version"], out, str(model_dir),
                           RolloutStore(pathlib.Path(workdir) / "rollouts"))
-  result["final"].update(_exploit_recovery(task, tok))
-  canary_figures, result["canary"] = canary_evaluation(out["rollout"], out["state"].params,
-                                                       task)
-  result["final"].update(canary_figures)
+  result.final.update(_exploit_recovery(task, tok))
+  canary_figures, canary = canary_evaluation(out["rollout"], out["state"].params, task)
+  result.final.update(canary_figures)
+  result.canary.update(canary)
   figures, per_problem = test_evaluation(out["rollout"], out["state"].params, task)
   if not is_primary():  # process 0 writes the files of a multi-process branch
-    return result
+    return result.to_json()
   if figures:  # beside the result, never in it: the controller reads branch_result.json
     _write_json(pathlib.Path(workdir) / "test_eval.json",
                 {"version": cfg["version"], "final": figures, "per_problem": per_problem})
-  _write_json(result_path, result)
-  return result
+  _write_json(result_path, result.to_json())
+  return result.to_json()
 
 
 def _write_json(path, data: dict) -> None:
@@ -449,7 +450,7 @@ _SERIES = {"correct": ("correct",), "reward": ("reward",),
            "clip_frac": ("learner/clip_frac_low", "learner/clip_frac_high")}
 
 
-def _branch_result(workdir, version, out, model_dir, store) -> dict:
+def _branch_result(workdir, version, out, model_dir, store) -> BranchResult:
   """What the controller reads back: held-out figures with the per-problem scores a
   paired bootstrap needs, the training series (`_SERIES`: BC, proxy reward, entropy,
   length, truncation, clip fraction per step; None where a step lacks one), paths."""
@@ -464,8 +465,7 @@ def _branch_result(workdir, version, out, model_dir, store) -> dict:
         for name, keys in _SERIES.items():
           vals = [row.get(k) for k in keys]
           series[name].append(None if None in vals else float(sum(vals)))
-  return {"version": version, "steps": out["steps"], "initial": out["initial"],
-          "final": out["final"], "checkpoint": model_dir,
-          "rollouts": str(pathlib.Path(workdir) / "rollouts"),
-          "per_problem": _per_problem(final),
-          "series": series}
+  return BranchResult(version=version, steps=out["steps"], initial=out["initial"],
+                      final=out["final"], checkpoint=model_dir,
+                      rollouts=str(pathlib.Path(workdir) / "rollouts"),
+                      per_problem=_per_problem(final), series=series)

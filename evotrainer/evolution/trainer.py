@@ -12,7 +12,6 @@ bindings is exactly what a person would type to replay it, and a branch whose
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pathlib
@@ -22,34 +21,7 @@ import sys
 import time
 from typing import Callable, Optional, Protocol, Sequence
 
-
-@dataclasses.dataclass(frozen=True)
-class BranchResult:
-  """What one branch training returns to the controller."""
-
-  version: str
-  checkpoint: str  # directory of the saved model (parent of the next branches)
-  final: dict  # held-out figures after training, e.g. {'avg8', 'pass8', 'greedy'}
-  initial: dict  # the same figures before training (the parent's, on this eval)
-  per_problem: dict  # {task_id: mean correctness over the k samples} (held-out)
-  series: dict  # {'correct': [per step], 'reward': [per step]}: BC and the proxy
-  rollouts: str  # RolloutStore root holding the branch's episodes
-  steps: int = 0
-  workdir: str = ""
-  canary: dict = dataclasses.field(default_factory=dict)  # {canary id: 0/1}, greedy
-
-  @classmethod
-  def from_json(cls, data: dict, workdir: str = "") -> "BranchResult":
-    """The result in a branch's branch_result.json, read from its `workdir`. Its paths
-    (the branch's `model` and `rollouts`) are absolute where it trained; one that is gone
-    is taken from `workdir` (a gs:// run resumed on another host: another mirror)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    fields = {k: v for k, v in data.items() if k in names}
-    for k in ("checkpoint", "rollouts"):
-      moved = workdir and fields.get(k) and os.path.join(workdir, os.path.basename(fields[k]))
-      if moved and not os.path.exists(fields[k]) and os.path.exists(moved):
-        fields[k] = moved
-    return cls(**fields, workdir=workdir)
+from evotrainer.evolution.branch_result import FILE_NAME, BranchResult
 
 
 class Trainer(Protocol):
@@ -117,9 +89,8 @@ class SubprocessTrainer:
 
   def finished(self, workdir: str) -> Optional[BranchResult]:
     """The result of a branch trained before in `workdir` (None when there is none)."""
-    path = pathlib.Path(workdir) / "branch_result.json"
-    return BranchResult.from_json(json.loads(path.read_text()), workdir) if path.exists() \
-        else None
+    exists = (pathlib.Path(workdir) / FILE_NAME).exists()
+    return BranchResult.read(workdir) if exists else None
 
   def train(self, *, version: str, parent_checkpoint: Optional[str], bindings: Sequence[str],
             seed: int, workdir: str) -> BranchResult:
