@@ -21,6 +21,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = textwrap.dedent("""\
     import json, pathlib, sys, tempfile
 
+    import gin
+
     import evotrainer
     from evotrainer import config
     from evotrainer.evolution import skills
@@ -38,7 +40,7 @@ SCRIPT = textwrap.dedent("""\
       library = skills.SkillLibrary.seeded(d)
       out["skills"] = [str(skills.SEED_DIR), len(library)]
     config.parse(["math.gin"], finalize=False)
-    out["gin_mode"] = config.gin.query_parameter("run.mode")
+    out["gin_mode"] = gin.query_parameter("run.mode")
     math = MathTask(sources=["tiny_arithmetic"], difficulty=1, num_validation=4)
     problem = math.heldout_problems()[0]
     out["math"] = math.score(problem, "\\boxed{" + problem.answer + "}")["correct"]
