@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from evotrainer import config as config_lib  # noqa: E402
+from evotrainer import registry  # noqa: E402
 from evotrainer.learner.warmstart import _completion_row, warm_start  # noqa: E402
 from evotrainer.model.source import policy  # noqa: E402
 from evotrainer.rollouts.multiturn import MultiTurnRollout  # noqa: E402
@@ -89,7 +90,7 @@ def main() -> None:
                            "cleared (SweDomain.checkout_options = {}): with "
                            "gin/swe_leaky.gin, the same policy without the leak")
   args = parser.parse_args()
-  config_lib.parse(args.gin_file or ["gin/swe_train.gin"], args.gin_bindings)
+  registry.parse(args.gin_file or ["gin/swe_train.gin"], args.gin_bindings)
   result: dict = {"config": vars(args)}
   start = time.monotonic()
   task = SweDomain()

@@ -1,8 +1,14 @@
-"""gin: search paths, parsing with errors a user can act on, the operative config on disk."""
+"""gin: search paths, parsing with errors a user can act on, the operative config on disk,
+and the record of what the command line said (`CommandLine`).
+
+A leaf: it imports no module that defines configurables (evotrainer/registry.py names them).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
 import logging
 import os
 import pathlib
@@ -10,13 +16,29 @@ from typing import Optional, Sequence
 
 import gin
 
+from evotrainer import gin_api
+
 REPO_GIN_DIR = pathlib.Path(__file__).resolve().parent.parent / "gin"
 # Where a non-editable `pip install` puts gin/ (setup.py: package evotrainer._gin).
 INSTALLED_GIN_DIR = pathlib.Path(__file__).resolve().parent / "_gin"
 
 
-# What the command line said (set by launch.py): the evolution replays it for every branch.
-LAUNCH: dict = {}
+@dataclasses.dataclass(frozen=True)
+class CommandLine:
+  """What the command line said (launch.py): an evolution replays it for every branch.
+
+  Attributes:
+    gin_files: `--gin_file`, in order.
+    gin_bindings: `--gin_bindings`, in order.
+    gin_search_paths: `--gin_search_paths`.
+    imports: `--import`, the user modules with gin configurables.
+    flags: other flags a branch is launched with (`--new_segment`).
+  """
+  gin_files: tuple[str, ...] = ()
+  gin_bindings: tuple[str, ...] = ()
+  gin_search_paths: tuple[str, ...] = ()
+  imports: tuple[str, ...] = ()
+  flags: tuple[str, ...] = ()
 
 
 class ConfigError(ValueError):
@@ -46,29 +68,6 @@ def import_modules(names: Sequence[str]) -> None:
       raise ConfigError(f"--import={name}: {e}") from None
 
 
-def register_builtins() -> None:
-  """Imports every module that defines gin configurables, so any gin file can name them."""
-  import evotrainer.model.config  # noqa: F401
-  import evotrainer.model.source  # noqa: F401
-  import evotrainer.run  # noqa: F401
-  import evotrainer.sampling.sampler  # noqa: F401
-  import evotrainer.sharding.mesh  # noqa: F401
-  import evotrainer.tasks.code  # noqa: F401
-  import evotrainer.tasks.math  # noqa: F401
-  import evotrainer.tasks.swe.task  # noqa: F401
-  import evotrainer.tokenizers  # noqa: F401
-  import evotrainer.train  # noqa: F401
-  import evotrainer.learner.step  # noqa: F401
-  import evotrainer.learner.warmstart  # noqa: F401
-  import evotrainer.tasks.datasets  # noqa: F401
-  import evotrainer.evolution.search_space  # noqa: F401
-  import evotrainer.harness.diagnostics  # noqa: F401
-  import evotrainer.harness.filters  # noqa: F401
-  import evotrainer.harness.pipeline  # noqa: F401
-  import evotrainer.harness.rewards  # noqa: F401
-  import evotrainer.harness.validators  # noqa: F401
-
-
 class _QuietSearch(logging.Filter):
   """gin logs an error for every search path a file is *not* in; only the miss matters."""
 
@@ -78,8 +77,10 @@ class _QuietSearch(logging.Filter):
 
 def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
           search_paths: Sequence[str] = (), finalize: bool = True) -> None:
-  """Parses gin files then bindings; raises ConfigError naming the file or binding."""
-  register_builtins()
+  """Parses gin files then bindings; raises ConfigError naming the file or binding.
+
+  The configurables they name must exist first: registry.parse registers the built-in
+  ones and calls this, `import_modules` a user's."""
   gin.clear_config()
   for p in gin_search_paths(search_paths):
     gin.add_config_file_search_path(p)
@@ -117,12 +118,14 @@ def check_value_types() -> None:
   """A binding whose value is a plain literal of another type than its parameter's
   default (`train.steps = 'abc'`) is a ConfigError naming the binding, before any
   object is built. References (`@X()`), macros and unset-default parameters pass."""
-  import inspect
-  for (scope, selector), params in gin.config._CONFIG.items():  # pylint: disable=protected-access
+  for scope, selector, params in gin_api.bound_parameters():
+    configurable = gin_api.find_configurable(selector)
+    if configurable is None:
+      continue
+    fn = configurable.wrapped
     try:
-      fn = gin.config._REGISTRY.get_match(selector).wrapped  # pylint: disable=protected-access
       sig = inspect.signature(fn.__init__ if inspect.isclass(fn) else fn)
-    except (AttributeError, KeyError, TypeError, ValueError):
+    except (TypeError, ValueError):
       continue
     for name, value in params.items():
       p = sig.parameters.get(name)

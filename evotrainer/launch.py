@@ -159,18 +159,17 @@ def main(argv) -> None:
     _approve()
     return
   from evotrainer import config as config_lib
-  from evotrainer import errors, paths, workdir as workdir_lib
+  from evotrainer import errors, paths, registry, workdir as workdir_lib
 
-  config_lib.LAUNCH.update(gin_files=list(FLAGS.gin_file),
-                           gin_bindings=list(FLAGS.gin_bindings),
-                           gin_search_paths=list(FLAGS.gin_search_paths),
-                           imports=list(FLAGS["import"].value),
-                           flags=["--new_segment"] if FLAGS.new_segment else [])
+  command_line = config_lib.CommandLine(
+      gin_files=tuple(FLAGS.gin_file), gin_bindings=tuple(FLAGS.gin_bindings),
+      gin_search_paths=tuple(FLAGS.gin_search_paths), imports=tuple(FLAGS["import"].value),
+      flags=("--new_segment",) if FLAGS.new_segment else ())
   try:
     config_lib.import_modules(FLAGS["import"].value)
     own = [f"sweep.file = {FLAGS.sweep_file!r}"] if FLAGS.sweep_file else []
     own += [f"evolve.resume_from = {FLAGS.resume_from!r}"] if FLAGS.resume_from else []
-    config_lib.parse(FLAGS.gin_file, [*FLAGS.gin_bindings, *own], FLAGS.gin_search_paths)
+    registry.parse(FLAGS.gin_file, [*FLAGS.gin_bindings, *own], FLAGS.gin_search_paths)
   except config_lib.ConfigError as e:
     _fail("config", str(e))
   config_lib.compilation_cache()
@@ -181,6 +180,7 @@ def main(argv) -> None:
   primary = True  # until the processes are joined
   left = ["", "stopped"]  # what the other processes of a multi-process evolve are told
   try:
+    from evotrainer.evolution.ledger_mirror import record_segment
     from evotrainer.run import run
     from evotrainer.sharding.mesh import initialize_distributed
     multi = initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
@@ -197,8 +197,9 @@ def main(argv) -> None:
     if mode != "ledger" and primary:  # one process per workdir; readers need no lock
       lock = workdir_lib.WorkdirLock(workdir).acquire()
       if mode in ("train", "branch", "evolve", "sweep"):
-        workdir_lib.check_fingerprint(workdir, new_segment=FLAGS.new_segment)
-    run(workdir)
+        if workdir_lib.check_fingerprint(workdir, new_segment=FLAGS.new_segment):
+          record_segment(workdir)  # a new segment: the ledger notes it too
+    run(workdir, command_line=command_line)
     left = None
   except Exception as e:  # pylint: disable=broad-except  (known failures: one line)
     known = errors.explain(e)

@@ -32,6 +32,7 @@ import time
 import gin
 
 from evotrainer import paths
+from evotrainer.config import CommandLine
 from evotrainer.evolution.branch_result import BranchResult
 
 MODES = ("train", "branch", "evolve", "sweep", "ledger", "sample")
@@ -65,14 +66,15 @@ def sweep(file: str | None = None, parent: str | None = None, backtest: bool = F
   return {"file": file, "parent": parent, "backtest": backtest}
 
 
-@gin.configurable(module="run")
+@gin.configurable(module="run", denylist=["command_line"])
 def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            branches: int = 2, branch_steps: int = 30, proposer: str = "skills",
            skills_dir: str | None = None, human_gated: bool = False,
            branch_timeout_s: float = 1800, resume_from: str | None = None,
            backtest: bool = True, control: bool = True, mode: str = "evolve",
            task=None, domain: str = "math", validators: list | None = None,
-           continue_steps: int = 0, relative_health: bool = False) -> dict | None:
+           continue_steps: int = 0, relative_health: bool = False,
+           command_line: CommandLine | None = None) -> dict | None:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
   Across several processes (evolution/pod.py) process 0 runs the controller and returns
@@ -111,8 +113,9 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
     relative_health: health validators (training_stability, canary_prompts) veto a
       change only when its control did not fail them too, and never veto a control or
       continuation; every other validator always vetoes (Controller).
+    command_line: what the launch's command line said (launch.py), replayed for every
+      branch (None: no gin file, binding or flag); not a gin knob.
   """
-  from evotrainer import config as config_lib
   from evotrainer.evolution import pod
   from evotrainer.evolution.controller import Controller, no_eval_check
   from evotrainer.evolution.eval_check import task_eval_check
@@ -121,12 +124,10 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   from evotrainer.evolution.sweep import gin_harness_builder
   from evotrainer.evolution.trainer import SubprocessTrainer
 
-  launch = config_lib.LAUNCH
+  cli = command_line or CommandLine()
   trainer = SubprocessTrainer(
-      launch.get("gin_files", ()),
-      [*launch.get("gin_bindings", ()), f"train.steps = {int(branch_steps)}"],
-      imports=launch.get("imports", ()), timeout_s=branch_timeout_s,
-      flags=launch.get("flags", ()))
+      list(cli.gin_files), [*cli.gin_bindings, f"train.steps = {int(branch_steps)}"],
+      imports=list(cli.imports), timeout_s=branch_timeout_s, flags=list(cli.flags))
   hosts = pod.current()
   if hosts is not None and not hosts.leader:  # process 0 alone runs the controller
     pod.follow(trainer, hosts)
@@ -181,10 +182,11 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   return summary
 
 
-@gin.configurable(module="run")
+@gin.configurable(module="run", denylist=["command_line"])
 def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
         num_problems: int = 16, samples_per_problem: int = 4, tokenizer_texts: int = 2000,
-        warm_start: bool = True, sampling=None) -> dict:
+        warm_start: bool = True, sampling=None,
+        command_line: CommandLine | None = None) -> dict:
   """Runs one mode and returns its summary (also written to `<workdir>/summary.json`).
 
   Args:
@@ -197,12 +199,14 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
     warm_start: supervised warm start of a from-scratch model (`warm_start.*` knobs);
       ignored for a Hugging Face checkpoint.
     sampling: a `SamplingParams` (gin: `run.sampling = @SamplingParams()`).
+    command_line: what the launch's command line said (launch.py); `evolve` and
+      `sweep` replay it for every branch. Not a gin knob.
   """
   if mode not in MODES:
     raise ValueError(f"run.mode={mode!r}; expected one of {MODES}")
   if mode in ("evolve", "sweep"):  # the controller itself never touches JAX
     start = time.time()
-    summary = evolve(workdir, seed, mode=mode, task=task)
+    summary = evolve(workdir, seed, mode=mode, task=task, command_line=command_line)
     if summary is None:  # another process than 0 of a multi-process evolution
       return {}
     summary["wall_s"] = round(time.time() - start, 2)

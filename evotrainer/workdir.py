@@ -16,7 +16,8 @@ resume), with data files named by a binding replaced by their sha256 (moving a f
 no change, editing it is). After the policy is built, `check_built` adds the tokenizer's
 digest and the model config. A relaunch that differs is refused with the list of
 changes; `--new_segment` accepts the new configuration and records the change as a new
-segment (`segments.jsonl`, and the ledger's `run/segments` meta when there is a ledger).
+segment (`segments.jsonl`; launch.py copies the row into the ledger's `run/segments` meta
+when there is a ledger: ledger_mirror.record_segment).
 A tokenizer or model change is refused even then while checkpoints exist: weights
 trained under one vocabulary mean nothing under another.
 """
@@ -249,11 +250,6 @@ def _record_segment(workdir, changes: list[str]) -> None:
   log_path = workdir / SEGMENTS_NAME  # rewritten whole: a gs:// object cannot be appended to
   old = log_path.read_text() if log_path.exists() else ""
   paths.write_atomic(log_path, old + json.dumps(row) + "\n")
-  ledger_path = workdir / "ledger.sqlite"
-  if ledger_path.is_file() and (paths.is_remote(workdir) or ledger_path.stat().st_size > 0):
-    from evotrainer.evolution.ledger_mirror import open_ledger
-    with open_ledger(workdir) as ledger:
-      ledger.set_meta("run/segments", [*ledger.get_meta("run/segments", []), row])
 
 
 def check_fingerprint(workdir: str | os.PathLike, *, new_segment: bool = False,

@@ -9,7 +9,7 @@ import sys
 import gin
 import pytest
 
-from evotrainer import config as config_lib
+from evotrainer import registry
 from evotrainer.harness.base import Evidence
 from evotrainer.harness.validators import ExploitProbe
 from evotrainer.run import _exploit_recovery
@@ -25,7 +25,7 @@ class _Tok:
 @pytest.fixture
 def parsed():
   def parse(files, bindings=()):
-    config_lib.parse(files, [*bindings, "CodeTask.num_validation = 8",
+    registry.parse(files, [*bindings, "CodeTask.num_validation = 8",
                              "CodeTask.num_test = 8"], finalize=False)
   yield parse
   gin.clear_config()

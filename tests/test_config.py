@@ -3,7 +3,7 @@
 import gin
 import pytest
 
-from evotrainer import config
+from evotrainer import config, registry
 
 
 @pytest.mark.parametrize("binding,message", [
@@ -14,7 +14,7 @@ from evotrainer import config
 ])
 def test_wrong_value_types_are_config_errors(binding, message):
   with pytest.raises(config.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-    config.parse(["gin/math_train.gin", "gin/tiny.gin"], [binding])
+    registry.parse(["gin/math_train.gin", "gin/tiny.gin"], [binding])
 
 
 @pytest.mark.parametrize("binding,value", [("SamplingParams.temperature = 1", 1),
@@ -22,7 +22,7 @@ def test_wrong_value_types_are_config_errors(binding, message):
                                            ("train.time_limit_s = 30.5", 30.5),
                                            ("Learner.total_steps = 7", 7)])
 def test_compatible_values_pass(binding, value):
-  config.parse(["gin/math_train.gin", "gin/tiny.gin"], [binding])
+  registry.parse(["gin/math_train.gin", "gin/tiny.gin"], [binding])
   # Accepted, and bound as written (an int where a float default is, 0 for a bool).
   assert gin.query_parameter(binding.split(" = ")[0]) == value
 

@@ -7,7 +7,7 @@ import re
 import gin
 import pytest
 
-from evotrainer import config
+from evotrainer import config, registry
 from evotrainer.model.config import ModelConfig, RopeScaling
 from evotrainer.model.hf import config_from_hf
 from evotrainer.model.source import check_matches
@@ -68,14 +68,14 @@ def test_the_launch_scripts_name_gin_files():
 @pytest.mark.parametrize("path", sorted(set(LAUNCH_GIN) | set(MODEL_GIN)))
 def test_named_gin_file_exists_and_parses(path):
   assert (REPO / path).is_file(), f"{path} is named in launch/ but does not exist"
-  config.parse([path], finalize=False)
+  registry.parse([path], finalize=False)
 
 
 @pytest.mark.parametrize("path", sorted(PUBLISHED))
 def test_real_size_model_matches_published_config(path):
   billions, published = PUBLISHED[path]
   # As the launch scripts combine them: domain file, model file, mesh preset.
-  config.parse(["gin/math.gin", path, "gin/mesh/fsdp.gin"], finalize=False)
+  registry.parse(["gin/math.gin", path, "gin/mesh/fsdp.gin"], finalize=False)
   ours = _gin_model_config()
   assert gin.query_parameter("policy.config") is not None
   check_matches(ours, config_from_hf(published), path)  # raises naming any field
@@ -83,7 +83,7 @@ def test_real_size_model_matches_published_config(path):
 
 
 def test_a_checkpoint_of_another_model_is_refused():
-  config.parse(["gin/math.gin", "gin/model/qwen3-0.6b.gin"], finalize=False)
+  registry.parse(["gin/math.gin", "gin/model/qwen3-0.6b.gin"], finalize=False)
   qwen25 = config_from_hf(PUBLISHED["gin/model/qwen2.5-0.5b.gin"][1])
   with pytest.raises(config.ConfigError, match=r"hidden_size: gin 1024, checkpoint 896"):
     check_matches(_gin_model_config(), qwen25, "/ckpt/config.json")
@@ -92,6 +92,6 @@ def test_a_checkpoint_of_another_model_is_refused():
 def test_real_size_model_needs_its_checkpoint_directory():
   # Refused at parse time, before anything is built.
   with pytest.raises(config.ConfigError, match=r"policy.hf_dir set to `%gin.REQUIRED`"):
-    config.parse(["gin/math.gin", "gin/model/qwen3-0.6b.gin"])
-  config.parse(["gin/math.gin", "gin/model/qwen3-0.6b.gin"],
+    registry.parse(["gin/math.gin", "gin/model/qwen3-0.6b.gin"])
+  registry.parse(["gin/math.gin", "gin/model/qwen3-0.6b.gin"],
                ["policy.hf_dir = '/models/Qwen3-0.6B'"])

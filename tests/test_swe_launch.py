@@ -7,7 +7,7 @@ import os
 import gin
 import pytest
 
-from evotrainer import config as config_lib
+from evotrainer import registry
 from evotrainer.tasks.swe.episode import Budget
 from evotrainer.tasks.swe.tools import ToolConfig
 
@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture
 def parsed():
-  yield lambda files: config_lib.parse(files, [], finalize=False)
+  yield lambda files: registry.parse(files, [], finalize=False)
   gin.clear_config()
 
 

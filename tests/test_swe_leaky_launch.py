@@ -9,7 +9,7 @@ import sys
 import gin
 import pytest
 
-from evotrainer import config as config_lib
+from evotrainer import registry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.skipif(
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def parsed():
-  yield lambda files: config_lib.parse(files, [], finalize=False)
+  yield lambda files: registry.parse(files, [], finalize=False)
   gin.clear_config()
 
 

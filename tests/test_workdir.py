@@ -13,6 +13,7 @@ import pytest
 
 from evotrainer import workdir as wd
 from evotrainer.evolution.ledger import Ledger, LedgerError
+from evotrainer.evolution.ledger_mirror import record_segment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOLD = ("import sys, time; from evotrainer.workdir import WorkdirLock; "
@@ -76,8 +77,9 @@ def test_fingerprint_refuses_a_changed_relaunch_and_records_a_segment(tmp_path):
   assert wd.check_fingerprint(tmp_path, config=changed) is None  # the new segment's config
   rows = [json.loads(l) for l in (tmp_path / wd.SEGMENTS_NAME).read_text().splitlines()]
   assert rows[0]["changes"] == changes
+  record_segment(tmp_path)  # what launch.py does after an accepted new segment
   with Ledger(tmp_path / "ledger.sqlite") as ledger:
-    assert ledger.get_meta("run/segments")[0]["changes"] == changes
+    assert ledger.get_meta("run/segments") == rows
 
 
 def test_config_bindings_reads_continuation_lines():

@@ -22,6 +22,8 @@ from typing import Any, Mapping, Optional
 
 import gin
 
+from evotrainer import gin_api
+
 KINDS = ("set", "add", "remove")
 _REF = re.compile(r"^[@%]")
 
@@ -207,10 +209,7 @@ _REF_PARTS = re.compile(r"@((?:[\w.]+/)*)([\w.]+)(\(\))?")  # @scope/name()
 
 def _lookup(selector: str):
   """gin's Configurable for a (partial) selector; None when unknown or ambiguous."""
-  try:
-    return gin.config._REGISTRY.get_match(selector)  # noqa: SLF001 (no public lookup)
-  except KeyError:  # several configurables match
-    return None
+  return gin_api.find_configurable(selector)
 
 
 def _ref_key(value: Any) -> str:

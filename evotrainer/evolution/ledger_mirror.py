@@ -48,6 +48,7 @@ import pathlib
 import sqlite3
 from evotrainer import paths
 from evotrainer.evolution.ledger import COMMITS_KEY, Ledger, LedgerError
+from evotrainer.workdir import LOCK_NAME, SEGMENTS_NAME
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,18 @@ RUN_STATE = "mirror_state.json"  # what a run's mirror uploaded or fetched (path
 def ledger_exists(workdir: paths.PathLike) -> bool:
   """Whether `workdir` (local or gs://) holds a ledger."""
   return (paths.as_path(workdir) / LEDGER).is_file()
+
+
+def record_segment(workdir: paths.PathLike) -> None:
+  """Appends the newest row of `<workdir>/segments.jsonl` (a relaunch accepted as a new
+  segment: workdir.check_fingerprint) to the ledger's `run/segments` meta, when the
+  workdir holds a ledger (a local one that is not empty)."""
+  wd = paths.as_path(workdir)
+  ledger_path = wd / LEDGER
+  if ledger_path.is_file() and (paths.is_remote(workdir) or ledger_path.stat().st_size > 0):
+    row = json.loads((wd / SEGMENTS_NAME).read_text().splitlines()[-1])
+    with open_ledger(workdir) as ledger:
+      ledger.set_meta("run/segments", [*ledger.get_meta("run/segments", []), row])
 
 
 def open_ledger(workdir: paths.PathLike, *, run_files: bool = False) -> Ledger:
@@ -127,7 +140,6 @@ def push_run_files(workdir: paths.PathLike) -> None:
 def _local_only(name: str) -> bool:
   """Mirror files that are not run files: the ledger and its bookkeeping (uploaded by
   their own rule), the workdir lock, the mirror's state and half-fetched files."""
-  from evotrainer.workdir import LOCK_NAME  # pylint: disable=g-import-not-at-top
   top = name.split("/", 1)[0]
   return (top.startswith((LEDGER, "." + LEDGER, RUN_STATE)) or name.endswith(".fetch")
           or name.rsplit("/", 1)[-1] == LOCK_NAME)

@@ -175,13 +175,10 @@ class SearchSpace:
     out[iv.binding] = iv.new
     return out
 
-  def check_bindings_exist(self, register: bool = True) -> None:
+  def check_bindings_exist(self) -> None:
     """Raises SearchSpaceError naming every knob binding (or component reference) that
-    is no gin configurable parameter. `register` imports the built-in configurables
-    first (`config.register_builtins()`)."""
-    if register:
-      from evotrainer import config  # imports the JAX modules; only when asked
-      config.register_builtins()
+    is no gin configurable parameter. The configurables must be registered first (a
+    launch has parsed the run's gin; else registry.register_builtins())."""
     errors = []
     for knob in self.knobs:
       try:

@@ -86,20 +86,16 @@ def _depth(text: str) -> int:
   return depth
 
 
-def _register() -> None:
-  from evotrainer import config  # imports the JAX modules that define configurables
-  config.register_builtins()
-
-
-def parse_sweep(text: str, where: str = "<sweep>", register: bool = True) -> list:
+def parse_sweep(text: str, where: str = "<sweep>") -> list:
   """The variants of a sweep file's text (the module docstring gives the format).
+
+  The configurables its bindings name must be registered first (a launch has parsed the
+  run's gin; else registry.register_builtins()).
 
   Raises SweepError naming the file, line and section of a malformed line, an
   unparseable value, a grid line that is no list, or a repeated name or binding.
   """
   import gin
-  if register:
-    _register()
   sections: list = []  # [kind, name, line, {binding: (value text, line)}]
   pending: Optional[list] = None  # [binding, text, line] while a bracket is open
   lines = text.splitlines()
@@ -185,10 +181,10 @@ def resolve(path: str | os.PathLike) -> pathlib.Path:
                    f"{gin_search_paths()})")
 
 
-def load_sweep(path: str | os.PathLike, register: bool = True) -> list:
+def load_sweep(path: str | os.PathLike) -> list:
   """The variants of the sweep file at `path` (see `parse_sweep`)."""
   p = resolve(path)
-  return parse_sweep(p.read_text(encoding="utf-8"), str(path), register=register)
+  return parse_sweep(p.read_text(encoding="utf-8"), str(path))
 
 
 # ------------------------------------------------------------------ checks
@@ -222,10 +218,10 @@ def _check_knob(knob: Any, old: Any, new: Any) -> None:
 
 
 def check_variants(variants: Sequence[Variant], space: Optional[SearchSpace] = None,
-                   values: Optional[Mapping] = None, recorded: Optional[Mapping] = None,
-                   register: bool = True) -> None:
+                   values: Optional[Mapping] = None,
+                   recorded: Optional[Mapping] = None) -> None:
   """Raises SweepError (naming the variant) unless every variant can run (module
-  docstring); writes nothing.
+  docstring); writes nothing. The configurables must be registered (`parse_sweep`).
 
   Args:
     variants: the sweep's variants.
@@ -233,8 +229,6 @@ def check_variants(variants: Sequence[Variant], space: Optional[SearchSpace] = N
     values: the parent's {binding: value} (the old values knobs are checked against).
     recorded: {variant name: bindings} recorded in the ledger by an earlier launch.
   """
-  if register:
-    _register()
   if not variants:
     raise SweepError("the sweep lists no variant")
   names = [v.name for v in variants]

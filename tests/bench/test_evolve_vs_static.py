@@ -64,7 +64,7 @@ def test_the_static_arm_evaluates_on_the_evolutions_problems(domain):
   import gin
 
   from bench.evolve_vs_static import arm_launches
-  from evotrainer import config as config_lib
+  from evotrainer import registry
   task = {"math": "MathTask", "code": "CodeTask"}[domain]
   names = ["EvalConfig.num_problems", "EvalConfig.num_test", "EvalConfig.k",
            f"{task}.num_validation", f"{task}.num_test"]
@@ -74,7 +74,7 @@ def test_the_static_arm_evaluates_on_the_evolutions_problems(domain):
   for arm in ("static", "evotrainer"):
     gin_files, bindings = out[arm]
     try:
-      config_lib.parse(gin_files, bindings, finalize=False)
+      registry.parse(gin_files, bindings, finalize=False)
       seen[arm] = {n: gin.query_parameter(n) for n in names}
     finally:
       gin.clear_config()

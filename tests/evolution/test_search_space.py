@@ -107,7 +107,7 @@ def test_space_declared_in_gin():
       "evo_test_train.group_size"]
   assert s.knobs[0] == FloatKnob("EvoTestLearner.learning_rate", 1e-5, 1e-3, log=True)
   assert s.knobs[1].library == {"drop_dead": "@EvoTestDropDead()"}  # strings, not objects
-  s.check_bindings_exist(register=False)
+  s.check_bindings_exist()
 
 
 def test_bad_space_declarations():
@@ -307,7 +307,7 @@ def test_unknown_binding_is_named():
                    FloatKnob("NoSuchConfigurable.x", 0.0, 1.0),
                    ComponentListKnob("EvoTestHarness.group_filters", {"x": "@NoSuchFilter()"})])
   with pytest.raises(SearchSpaceError) as e:
-    s.check_bindings_exist(register=False)
+    s.check_bindings_exist()
   msg = str(e.value)
   assert "EvoTestLearner.not_a_param" in msg and "NoSuchConfigurable.x" in msg
   assert "@NoSuchFilter()" in msg and "clip_high" not in msg
@@ -326,7 +326,9 @@ def test_real_bindings_of_the_math_domain_exist():
                         {"drop_dead": "@DropZeroVarianceGroups()", "std": "@StdGroupFilter()"}),
       DictWeightKnob("RewardComposer.parts", "partial", 0.05, 1.0),
   ])
-  s.check_bindings_exist()  # register_builtins() first
+  from evotrainer import registry
+  registry.register_builtins()  # the real configurables
+  s.check_bindings_exist()
   bad = SearchSpace([FloatKnob("Learner.clip_higher", 0.2, 0.4)])
   with pytest.raises(SearchSpaceError, match="Learner.clip_higher"):
     bad.check_bindings_exist()
@@ -342,10 +344,10 @@ def test_the_module_docstring_example_parses():
   import textwrap
   doc = ss.__doc__
   example = doc[doc.index("SearchSpace.knobs"):doc.index("Each knob's")]
-  from evotrainer import config
-  config.register_builtins()
+  from evotrainer import registry
+  registry.register_builtins()
   gin.parse_config(textwrap.dedent("    " + example))
   s = gin.get_configurable(SearchSpace)()
   assert len(s) == 5 and s.restrict(groups=["hyper"]).bindings == [
       "Learner.learning_rate", "Learner.clip_high", "Harness.estimator"]
-  s.check_bindings_exist(register=False)
+  s.check_bindings_exist()

@@ -208,10 +208,10 @@ def test_seeded_copies_without_overwriting(tmp_path):
 
 
 def test_seed_skills_name_real_diagnostics_validators_and_bindings():
-  from evotrainer import config
+  from evotrainer import gin_api, registry
   from evotrainer.harness.diagnostics import DIAGNOSTICS
   from evotrainer.harness.validators import VALIDATORS
-  config.register_builtins()
+  registry.register_builtins()
   lib = SkillLibrary(sk.SEED_DIR)
   assert {s.category for s in lib} <= set(sk.CATEGORIES)
   names = set(DIAGNOSTICS) | set(VALIDATORS)
@@ -238,7 +238,7 @@ def test_seed_skills_name_real_diagnostics_validators_and_bindings():
     gin.config.ParsedBindingKey.parse(s.intervention["binding"])
     if "component" in s.intervention:
       ref = re.sub(r"^@(?:\w+/)*", "", s.intervention["component"]).removesuffix("()")
-      assert gin.config._REGISTRY.get_match(ref) is not None, s.name
+      assert gin_api.find_configurable(ref) is not None, s.name
 
 
 def test_seed_skills_fire_on_the_paper_examples():

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from evotrainer import registry
 from evotrainer.evolution.controller import Controller
 from evotrainer.evolution.ledger import Ledger
 from evotrainer.evolution.skills import SkillLibrary
@@ -17,6 +18,10 @@ from evotrainer.evolution.sweep import (Sweep, SweepError, Variant, format_table
                                         gin_harness_builder, start_from)
 from evotrainer.evolution.sweep_file import check_variants, expand_grid, parse_sweep
 from tests.evolution.test_controller import VALUES, Crash, ScriptedTrainer, space
+
+# The sweeps below name Learner, Harness, RewardComposer: their modules must be imported
+# (the child of test_sigkill_and_resume imports this module too).
+registry.register_builtins()
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import gin
 import numpy as np
 import pytest
 
-from evotrainer import config
+from evotrainer import config, registry
 from evotrainer.harness.diagnostics import DIAGNOSTICS, run_diagnostics
 from evotrainer.harness.pipeline import Harness
 from evotrainer.rollouts import RolloutStore
@@ -35,7 +35,7 @@ def clean_gin():
 
 def test_user_components_from_gin_build_a_working_harness(clean_gin):
   config.import_modules(["tests.user_components"])
-  config.parse(["harness/default.gin"], BINDINGS)
+  registry.parse(["harness/default.gin"], BINDINGS)
   # What train() receives: its gin references, evaluated.
   harness = gin.query_parameter("train.harness").scoped_configurable_fn()
   diags = [ref.scoped_configurable_fn() for ref in gin.query_parameter("train.diagnostics")]

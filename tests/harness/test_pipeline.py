@@ -9,7 +9,7 @@ import gin
 import numpy as np
 import pytest
 
-from evotrainer import config
+from evotrainer import config, registry
 from evotrainer.harness.filters import (DropZeroVarianceGroups, DynamicSampling,
                                         StdGroupFilter, TruncationFilter)
 from evotrainer.harness.base import FilterResult
@@ -245,6 +245,6 @@ def test_unknown_component_in_gin_is_a_clear_error(clean_gin, tmp_path):
   path = tmp_path / "harness.gin"
   path.write_text(GIN + "Harness.trajectory_filters = [@TruncationFilter(), @NoSuchPart()]\n")
   with pytest.raises(config.ConfigError) as e:
-    config.parse([str(path)], finalize=False)
+    registry.parse([str(path)], finalize=False)
   msg = str(e.value)
   assert "harness.gin" in msg and "@NoSuchPart()" in msg and "No configurable" in msg
