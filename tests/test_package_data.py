@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent("""\
     import gin
 
     import evotrainer
-    from evotrainer import config
+    from evotrainer import registry
     from evotrainer.evolution import skills
     from evotrainer.tasks import canaries
     from evotrainer.tasks.code import CodeTask
@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent("""\
     with tempfile.TemporaryDirectory() as d:
       library = skills.SkillLibrary.seeded(d)
       out["skills"] = [str(skills.SEED_DIR), len(library)]
-    config.parse(["math.gin"], finalize=False)
+    registry.parse(["math.gin"], finalize=False)
     out["gin_mode"] = gin.query_parameter("run.mode")
     math = MathTask(sources=["tiny_arithmetic"], difficulty=1, num_validation=4)
     problem = math.heldout_problems()[0]
