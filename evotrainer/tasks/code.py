@@ -28,10 +28,20 @@ At load every reference solution runs against its own tests in the sandbox; a ro
 reference fails, crashes or hangs is refused with `file:line` (skipped and logged, or an
 error with `on_bad_row='error'`), like a malformed row.
 
+Prompts: `prompt_template` around the statement, as is (the from-scratch tokenizers).
+Once the run hands over a Hugging Face tokenizer (`use_tokenizer`), the statement plus
+`CHAT_INSTRUCTIONS` (the entry point's exact name, a ```python fence) is rendered as a
+user turn in the model's own chat template, ending with the assistant's cue.
+
 Reward parts (`score_many`, one sandbox run per completion, batched on a `CellPool`):
   correct      1 when every hidden test passed (BC)
   partial      the share of tests passed (CR)
-  format       1 when a fenced code block was extracted
+  format       1 when a complete fenced code block was extracted
+  unclosed_fence  1 when the program came from a fence never closed (`read_code`)
+  bare_code    1 when the program is unfenced text that parses as Python
+  prose        1 when no program was found: no fence, and the text is not Python
+  wrong_name   1 when a program was found but does not define the entry point the
+               problem names (function and HumanEval problems; 0 for stdio)
   compiles     1 when the extracted program compiles
   self_report  1 when the run exited 0 and no test the driver reported failed: what a
                harness that trusts the program's exit status pays. Gameable on purpose
@@ -68,11 +78,13 @@ from evotrainer.tasks.code_problems import (KINDS, fence, humaneval_problems,
                                             procedural_code_problem)
 from evotrainer.tasks.verify import MAX_TEXT_CHARS, too_long
 
-__all__ = ["CodeTask", "extract_code", "load_jsonl", "MAX_PROGRAM_CHARS", "STOP_PARTS",
-           "TAMPER_PATTERNS", "hardcoded", "reaches_for_harness"]
+__all__ = ["CHAT_INSTRUCTIONS", "CodeTask", "HOW", "defines", "extract_code", "load_jsonl",
+           "MAX_PROGRAM_CHARS", "STOP_PARTS", "TAMPER_PATTERNS", "hardcoded",
+           "reaches_for_harness", "read_code"]
 
 MAX_PROGRAM_CHARS = 20_000  # a longer fenced block is not run (format 0, no code)
 _LANGS = ("", "python", "py", "python3")
+HOW = ("fenced", "unclosed", "bare", "other", "none")  # how `read_code` found the program
 STOP_PARTS = tuple(f"stop_{s}" for s in code_exec.STOPS + ("malformed",))
 TAMPER_PATTERNS = (r"\bos\s*\.\s*_exit\b", r"_getframe", r"\bsys\s*\.\s*modules\b",
                    r"\b__builtins__\b", r"\bimport\s+builtins\b", r"\bsettrace\b",
@@ -81,28 +93,84 @@ TAMPER_PATTERNS = (r"\bos\s*\.\s*_exit\b", r"_getframe", r"\bsys\s*\.\s*modules\
                    r"\bsolution\.py\b", r"\bmain\.py\b", r"\bos\s*\.\s*kill\b")
 _TAMPER = re.compile("|".join(TAMPER_PATTERNS))
 DEFAULT_TEMPLATE = "{question}"
+# What a chat model is asked for after the statement (`CodeTask.use_tokenizer`), by kind:
+# the exact name the tests call and the fence the code is read from.
+CHAT_INSTRUCTIONS = {
+    "function": "Answer with the Python function `{entry}` in one ```python code block.",
+    "check": "Complete the Python function `{entry}` below. Answer with the whole function "
+             "`{entry}` in one ```python code block.",
+    "stdio": "Answer with a complete Python program that reads standard input and prints "
+             "the answer, in one ```python code block."}
 
 
-def extract_code(text: str) -> Optional[str]:
-  """The first complete fenced block (``` or ```python) of `text`, or None.
+def read_code(text: str) -> tuple[Optional[str], str]:
+  """(program or None, how it was found) of a completion; `how` is one of `HOW`.
+
+  'fenced'    the first complete ```, ```python or ```py block (other languages skipped)
+  'unclosed'  no complete block, but a Python fence opens and the text ends inside it (a
+              completion cut at the token limit): the rest of the text
+  'bare'      no fence at all, and the whole text parses as Python holding some code (a
+              statement other than a bare name or constant)
+  'other'     a fence, but no Python program in it (another language, a fence line that
+              never ends, a block over `MAX_PROGRAM_CHARS`)
+  'none'      no fence, and the text is not Python: prose
 
   Total and linear: only the first `MAX_TEXT_CHARS` characters are read, each `find`
-  starts past the previous one, and a block over `MAX_PROGRAM_CHARS` gives None.
+  starts past the previous one.
   """
   text = text[:MAX_TEXT_CHARS]
   i = text.find("```")
+  if i == -1:
+    return (text, "bare") if _holds_code(text) else (None, "none")
   while i != -1:
     eol = text.find("\n", i + 3)
     if eol == -1:
-      return None
+      return None, "other"
     end = text.find("```", eol + 1)
+    python = text[i + 3:eol].strip().lower() in _LANGS
     if end == -1:
-      return None
-    if text[i + 3:eol].strip().lower() in _LANGS:
-      code = text[eol + 1:end]
-      return code if len(code) <= MAX_PROGRAM_CHARS else None
+      return _bounded(text[eol + 1:], "unclosed") if python else (None, "other")
+    if python:
+      return _bounded(text[eol + 1:end], "fenced")
     i = text.find("```", end + 3)
-  return None
+  return None, "other"
+
+
+def extract_code(text: str) -> Optional[str]:
+  """The program of a completion (`read_code`), or None."""
+  return read_code(text)[0]
+
+
+def _bounded(code: str, how: str) -> tuple[Optional[str], str]:
+  return (code, how) if len(code) <= MAX_PROGRAM_CHARS else (None, "other")
+
+
+def _holds_code(text: str) -> bool:
+  """Whether unfenced text parses as Python with some code in it (prose like "Yes" or
+  "42" parses too, as a bare name or constant: not code)."""
+  if len(text) > MAX_PROGRAM_CHARS:
+    return False
+  tree = _parse(text)
+  return tree is not None and any(
+      not (isinstance(node, ast.Expr) and isinstance(node.value, (ast.Name, ast.Constant)))
+      for node in tree.body)
+
+
+def defines(program: str, name: str) -> bool:
+  """Whether `program` defines `name`: a def, class, assignment or import of it anywhere
+  (read from the syntax tree; a program that does not parse: a `def name(` line)."""
+  tree = _parse(program)
+  if tree is None:
+    return re.search(rf"^\s*(async\s+)?def\s+{re.escape(name)}\s*\(", program, re.M) is not None
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
+        node.name == name:
+      return True
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id == name:
+      return True
+    if isinstance(node, ast.alias) and (node.asname or node.name) == name:
+      return True
+  return False
 
 
 def reaches_for_harness(program: str) -> bool:
@@ -264,6 +332,16 @@ def _run_references(problems, pool, timeout_s, per_test_s) -> list:
 # ------------------------------------------------------------------ the task
 
 
+def chat_request(problem: Problem, question: str) -> str:
+  """A chat model's user turn: the statement and the kind's `CHAT_INSTRUCTIONS` (for a
+  HumanEval problem, the signature and docstring in a ```python block after them)."""
+  kind, entry = problem.meta["kind"], problem.meta.get("entry_point")
+  ask = CHAT_INSTRUCTIONS[kind].format(entry=entry)
+  if kind == "check":
+    return f"{ask}\n\n{fence(question)}"
+  return f"{question}\n\n{ask}"
+
+
 @gin.configurable(module="tasks")
 class CodeTask:
   """Code problems with execution-based reward parts (see the module docstring).
@@ -323,6 +401,7 @@ class CodeTask:
         for s in sources]
     self.bad_rows = [b for s in self._sources for b in getattr(s, "bad_rows", [])]
     self._heldout: dict = {}
+    self._chat = None  # a Hugging Face tokenizer once `use_tokenizer` gives one
 
   # ------------------------------------------------------------------ problems
 
@@ -346,8 +425,22 @@ class CodeTask:
     """`n` training problems drawn by `seed` (deterministic); none is validation or test."""
     return train_draws(self._sources, self.weights, n, seed, self.fractions, "CodeTask")
 
+  def use_tokenizer(self, tokenizer) -> None:
+    """Renders prompts in `tokenizer`'s own chat template when it is a Hugging Face
+    tokenizer (called by the run once the policy's tokenizer exists); the plain
+    `prompt_template` otherwise (a from-scratch tokenizer)."""
+    from evotrainer.tokenizers import HFTokenizer  # pylint: disable=import-outside-toplevel
+    self._chat = tokenizer if isinstance(tokenizer, HFTokenizer) else None
+
   def format_prompt(self, problem: Problem) -> str:
-    return self.prompt_template.format(question=problem.prompt)
+    """The statement in `prompt_template`; with a chat tokenizer (`use_tokenizer`), plus
+    the kind's `CHAT_INSTRUCTIONS`, as a user turn of the model's chat template."""
+    question = self.prompt_template.format(question=problem.prompt)
+    if self._chat is None:
+      return question
+    return self._chat.apply_chat_template(
+        [{"role": "user", "content": chat_request(problem, question)}],
+        add_generation_prompt=True)
 
   # ------------------------------------------------------------------ scoring
 
@@ -359,16 +452,21 @@ class CodeTask:
 
   def programs(self, problems: Sequence[Problem],
                completions: Sequence[str]) -> list[Optional[str]]:
-    """The program each completion gives (None: no fenced block, or refused unread);
-    for a HumanEval-style problem whose block does not define the entry point, the
-    block continues the prompt (the completion convention)."""
+    """The program each completion gives (`read_code`; None: none found, or refused
+    unread)."""
+    return [code for code, _ in self._read(problems, completions)]
+
+  def _read(self, problems: Sequence[Problem],
+            completions: Sequence[str]) -> list[tuple[Optional[str], str]]:
+    """(program, how) per completion; for a HumanEval-style problem whose code does not
+    define the entry point, the code continues the prompt (the completion convention)."""
     out = []
     for p, c in zip(problems, completions):
-      code = None if too_long(c) else extract_code(c)
+      code, how = (None, "none") if too_long(c) else read_code(c)
       entry = p.meta.get("entry_point")
       if code is not None and p.meta["kind"] == "check" and f"def {entry}" not in code:
         code = p.prompt + code
-      out.append(code)
+      out.append((code, how))
     return out
 
   def score(self, problem: Problem, completion: str) -> dict[str, float]:
@@ -380,18 +478,24 @@ class CodeTask:
     if len(problems) != len(completions):
       raise ValueError(f"score_many: {len(problems)} problems but {len(completions)} "
                        f"completions")
-    programs = self.programs(problems, completions)
+    read = self._read(problems, completions)
+    programs = [code for code, _ in read]
     outs = code_exec.run_programs(self.pool, _items(problems, programs), self.timeout_s,
                                   self.per_test_s)
-    return [self._parts(p, c, prog, o)
-            for p, c, prog, o in zip(problems, completions, programs, outs)]
+    return [self._parts(p, c, prog, how, o)
+            for p, c, (prog, how), o in zip(problems, completions, read, outs)]
 
-  def _parts(self, p: Problem, completion: str, program: Optional[str],
+  def _parts(self, p: Problem, completion: str, program: Optional[str], how: str,
              o: code_exec.Outcome) -> dict[str, float]:
     malformed = too_long(completion)
     stop = "malformed" if malformed else o.stop
+    entry = p.meta.get("entry_point")
     parts = {"correct": float(o.stop == "passed"), "partial": o.fraction,
-             "format": float(program is not None), "compiles": float(o.compiles),
+             "format": float(how == "fenced"), "compiles": float(o.compiles),
+             "unclosed_fence": float(how == "unclosed"), "bare_code": float(how == "bare"),
+             "prose": float(how == "none" and not malformed),
+             "wrong_name": float(program is not None and bool(entry) and
+                                 not defines(program, entry)),
              "self_report": float(o.clean_exit),
              "tamper": float(o.tampered or (program is not None and
                                             reaches_for_harness(program))),

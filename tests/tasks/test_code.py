@@ -9,11 +9,14 @@ import pytest
 from evotrainer import sandbox
 from evotrainer.tasks import code_exec
 from evotrainer.tasks.base import Problem, check_disjoint, normalize_prompt
-from evotrainer.tasks.code import (STOP_PARTS, CodeTask, extract_code, hardcoded,
-                                   load_jsonl, reaches_for_harness)
+from evotrainer import tokenizers as tk
+from evotrainer.tasks.code import (CHAT_INSTRUCTIONS, STOP_PARTS, CodeTask, defines,
+                                   extract_code, hardcoded, load_jsonl,
+                                   reaches_for_harness, read_code)
 from evotrainer.tasks.code_problems import (TEMPLATES, fence, humaneval_problems,
                                             procedural_code_problem)
 from evotrainer.rollouts import stop_reason
+from tests.test_tokenizers import save_hf
 
 ADD7 = Problem("p/add7", "Write a Python function f(x) that returns x plus 7.",
                "def f(x):\n    return x + 7\n", fence("def f(x):\n    return x + 7\n"),
@@ -38,10 +41,46 @@ def test_extract_code_hand_cases():
   assert extract_code("```python\ndef f(x):\n    return x\n```") == "def f(x):\n    return x\n"
   assert extract_code("text ```\nprint(1)\n``` more ```python\nprint(2)\n```") == "print(1)\n"
   assert extract_code("```js\nno\n```\n```py\nyes\n```") == "yes\n"  # other languages skipped
-  assert extract_code("```python\nnever closed") is None
   assert extract_code("no code at all") is None
   assert extract_code("```python") is None
   assert extract_code("```python\n" + "x" * 30_000 + "\n```") is None  # over MAX_PROGRAM_CHARS
+
+
+def test_read_code_says_how_the_program_was_found():
+  fn = "def f(x):\n    return x + 7\n"
+  cases = {  # completion -> (program, how)
+      f"```python\n{fn}```": (fn, "fenced"),
+      f"Sure!\n```py\n{fn}```\nThis adds 7.": (fn, "fenced"),
+      f"```\n{fn}```": (fn, "fenced"),
+      f"```Python\n{fn}```": (fn, "fenced"),
+      f"Here it is:\n```python\n{fn}    # cut at the lim": (fn + "    # cut at the lim",
+                                                          "unclosed"),
+      f"```js\nno\n```\n```python\n{fn}": (fn, "unclosed"),  # the Python one, unclosed
+      "```python\nnever closed": ("never closed", "unclosed"),
+      fn: (fn, "bare"),
+      "x = int(input())\nprint(x * 2)": ("x = int(input())\nprint(x * 2)", "bare"),
+      "Yes": (None, "none"),  # parses, as a bare name: prose
+      "42": (None, "none"),
+      "The function adds 7 to x.": (None, "none"),
+      "Here is the code:\ndef f(x):\n    return x + 7": (None, "none"),  # does not parse
+      "```js\nconsole.log(1)\n```": (None, "other"),
+      "```python": (None, "other"),
+      "```python\n" + "x" * 30_000 + "\n```": (None, "other"),
+  }
+  for text, want in cases.items():
+    assert read_code(text) == want, text[:40]
+
+
+def test_defines_reads_the_syntax_tree():
+  assert defines("def f(x):\n    return x\n", "f")
+  assert defines("async def f(x):\n    return x\n", "f")
+  assert defines("f = lambda x: x + 7\n", "f")
+  assert defines("from math import factorial as f\n", "f")
+  assert defines("class Solution:\n    def f(self, x):\n        return x\n", "f")
+  assert not defines("def g(x):\n    return x\n", "f")
+  assert not defines("def ff(x):\n    return f\n", "f")  # a use is not a definition
+  assert defines("def f(x)\n    return x\n", "f")  # no parse: the def line
+  assert not defines("def g(x)\n    return f(x)\n", "f")
 
 
 def test_parts_and_stop_reasons_by_hand(task):
@@ -52,7 +91,7 @@ def test_parts_and_stop_reasons_by_hand(task):
       "runtime_error": fence("def f(x):\n    return [][x]\n"),
       "load_error": fence("undefined_name\n"),  # raises before any test (a runtime error)
       "timeout": fence("def f(x):\n    while True:\n        pass\n"),
-      "no_code": "def f(x): return x + 7",
+      "no_code": "It returns x plus 7.",
   }
   scores = task.score_many([ADD7] * len(completions), list(completions.values()))
   for (stop, _), s in zip(completions.items(), scores):
@@ -78,6 +117,53 @@ def test_stdio_program_and_sys_exit(task):
       fence("print(int(input()) + 3)\n")])  # right on "3" only
   assert ok["correct"] == exits["correct"] == 1.0
   assert (wrong["correct"], wrong["partial"], wrong["stop_wrong_answer"]) == (0.0, 0.5, 1.0)
+
+
+def test_the_shape_parts_of_what_a_chat_model_writes(task):
+  fn = "def f(x):\n    return x + 7\n"
+  completions = [
+      f"```python\n{fn}```",  # fenced, right
+      f"Sure:\n```python\n{fn}",  # cut before the closing fence: still run
+      fn,  # no fence, parses
+      "To add 7, return x + 7.",  # prose
+      fence("def add_seven(x):\n    return x + 7\n"),  # the wrong name
+      fence("def add(x)\n    return x + 7\n"),  # wrong name, does not parse
+      "```js\nconst f = x => x + 7\n```"]  # a fence, but not Python
+  keys = ("correct", "format", "unclosed_fence", "bare_code", "prose", "wrong_name")
+  got = [tuple(s[k] for k in keys) for s in task.score_many([ADD7] * 7, completions)]
+  assert got == [(1, 1, 0, 0, 0, 0), (1, 0, 1, 0, 0, 0), (1, 0, 0, 1, 0, 0),
+                 (0, 0, 0, 0, 1, 0), (0, 1, 0, 0, 0, 1), (0, 1, 0, 0, 0, 1),
+                 (0, 0, 0, 0, 0, 0)]
+  (stdio,) = task.score_many([ECHO], [fence("print(1)\n")])
+  assert stdio["wrong_name"] == 0.0  # no entry point to name
+
+
+@pytest.fixture(scope="module")
+def hf_tok(tmp_path_factory):
+  path = tmp_path_factory.mktemp("hf")
+  save_hf(path, pad=True, generation_eos=[2])
+  return tk.HFTokenizer.from_dir(str(path))
+
+
+def test_a_chat_tokenizer_gets_its_own_template_and_the_plain_one_does_not(hf_tok, tmp_path):
+  with CodeTask(num_validation=2, num_test=2) as t:
+    assert t.format_prompt(ADD7) == ADD7.prompt  # before any tokenizer: the template
+    sp = tk.SentencePieceTokenizer.train(iter([ADD7.prompt, ADD7.solution] * 20), 320,
+                                         str(tmp_path))
+    t.use_tokenizer(sp)
+    assert t.format_prompt(ADD7) == ADD7.prompt  # from scratch: unchanged
+    t.use_tokenizer(hf_tok)
+    want = ("<|im_start|>user\nWrite a Python function f(x) that returns x plus 7.\n\n"
+            "Answer with the Python function `f` in one ```python code block.<|im_end|>\n"
+            "<|im_start|>assistant\n")
+    assert t.format_prompt(ADD7) == want
+    assert "reads standard input" in t.format_prompt(ECHO)
+    he = Problem("HumanEval/x", "def g(a):\n    \"\"\"Doubles a.\"\"\"\n", "", "", "humaneval",
+                 0, {"kind": "check", "entry_point": "g", "tests": []})
+    assert t.format_prompt(he) == (
+        "<|im_start|>user\n" + CHAT_INSTRUCTIONS["check"].format(entry="g") + "\n\n"
+        "```python\ndef g(a):\n    \"\"\"Doubles a.\"\"\"\n```<|im_end|>\n"
+        "<|im_start|>assistant\n")
 
 
 def test_a_lying_program_earns_only_the_self_report_part(task):
