@@ -15,7 +15,8 @@ Layers and the library names (`DIAGNOSTICS`):
               toward collapse over a training segment's series)
   efficiency  length, truncation, turns, stop_reasons
   code        syntax_error_rate, timeout_rate (efficiency), pass_fraction_spread (signal),
-              hardcoded_outputs (behaviour): diagnostics_code.py, over CodeTask's parts
+              hardcoded_outputs, prose_rate, broken_fence, wrong_name_rate (behaviour),
+              runaway_length (efficiency): diagnostics_code.py, over CodeTask's parts
   swe         tool_mix, first_edit_turn, tool_streak, echo_trap_rate, git_usage (behaviour):
               diagnostics_swe.py, over the tool calls of tasks/swe/episode.py
 
@@ -55,8 +56,10 @@ from evotrainer.harness.diagnostics_behaviour import (AnswerSpammingRate, Domain
                                                       FormatFailureRate,
                                                       LengthRewardCorrelation,
                                                       RepetitionRate)
-from evotrainer.harness.diagnostics_code import (HardcodedOutputs, PassFractionSpread,
-                                                 SyntaxErrorRate, TimeoutRate)
+from evotrainer.harness.diagnostics_code import (BrokenFence, HardcodedOutputs,
+                                                 PassFractionSpread, ProseRate,
+                                                 RunawayLength, SyntaxErrorRate,
+                                                 TimeoutRate, WrongNameRate)
 from evotrainer.harness.diagnostics_model import (ClipFraction, EntropyCollapse,
                                                   GradNormSpike, KLDrift,
                                                   LengthPercentiles, StopReasons,
@@ -83,7 +86,8 @@ for _cls in (CorrectnessRate, RewardMean, ScoreTrend, DeadGroupRatio, RewardSpre
              AnswerSpammingRate, RepetitionRate, EntropyCollapse, KLDrift, ClipFraction,
              GradNormSpike, LengthPercentiles, TruncationRate, TurnCount, StopReasons,
              TrainingDrift, SyntaxErrorRate, TimeoutRate, PassFractionSpread,
-             HardcodedOutputs, ToolMix, FirstEditTurn, ToolStreak, EchoTrapRate, GitUsage):
+             HardcodedOutputs, ProseRate, BrokenFence, WrongNameRate, RunawayLength,
+             ToolMix, FirstEditTurn, ToolStreak, EchoTrapRate, GitUsage):
   register(_cls)
 DIAGNOSTICS["domain"] = DomainDiagnostic  # needs `fn`; not in `default_diagnostics`
 
@@ -129,7 +133,8 @@ def run_diagnostics(diags: Sequence, episodes: Sequence[Episode],
 __all__ = ["DIAGNOSTICS", "DIRECTIONS", "AdvantageHealth", "AnswerSpammingRate",
            "ClipFraction", "CorrectnessRate", "DeadGroupRatio", "DomainDiagnostic",
            "EchoTrapRate", "FirstEditTurn", "GitUsage", "ToolMix", "ToolStreak",
-           "HardcodedOutputs", "PassFractionSpread", "SyntaxErrorRate", "TimeoutRate",
+           "BrokenFence", "HardcodedOutputs", "PassFractionSpread", "ProseRate",
+           "RunawayLength", "SyntaxErrorRate", "TimeoutRate", "WrongNameRate",
            "EntropyCollapse", "FormatFailureRate", "GradNormSpike", "KLDrift",
            "LengthPercentiles", "LengthRewardCorrelation", "RepetitionRate", "RewardMean",
            "RewardSpread", "ScoreTrend", "StopReasons", "TruncationRate", "TurnCount",

@@ -7,6 +7,15 @@
                         group; low means GRPO sees no partial signal
   hardcoded_outputs     share of programs that special-case inputs or hold hidden expected
                         outputs as literals (`reward_parts['hardcoded']`)
+What a pretrained chat model gets wrong before its code ever runs (`CodeTask.read_code`'s
+parts):
+  prose_rate            share of completions with no fence that are not Python either
+  broken_fence          share whose program came from a fence never closed or from
+                        unfenced text (metrics unclosed_fence_rate, bare_code_rate)
+  wrong_name_rate       share whose program does not define the entry point asked for
+  runaway_length        share cut at the token limit (metrics runaway_in_code: cut
+                        inside the code block; runaway_after_code: the block had closed
+                        and the words after it used up the budget)
 Format failures and dead groups are the library's `format_failure` and
 `dead_group_ratio`, which read the same parts. Each reports nothing on episodes without
 the code parts (math), so the library stays usable everywhere.
@@ -86,6 +95,92 @@ class HardcodedOutputs(_PartRate):
 
 
 @gin.configurable(module="harness")
+class ProseRate(_PartRate):
+  """Share of completions that hold no code: no fence, and the text does not parse as
+  Python (`reward_parts['prose']`); finding above 0.2."""
+
+  name, layer, part, what = "prose_rate", "behaviour", "prose", \
+      "are prose: no fence and no Python"
+
+  def __init__(self, threshold: Optional[float] = 0.2, direction: str = "above", **kw):
+    super().__init__(threshold, direction, **kw)
+
+
+@gin.configurable(module="harness")
+class WrongNameRate(_PartRate):
+  """Share of completions whose program does not define the entry point the problem
+  names (`reward_parts['wrong_name']`): the tests cannot call it; finding above 0.1."""
+
+  name, layer, part, what = "wrong_name_rate", "behaviour", "wrong_name", \
+      "do not define the function asked for"
+
+  def __init__(self, threshold: Optional[float] = 0.1, direction: str = "above", **kw):
+    super().__init__(threshold, direction, **kw)
+
+
+@gin.configurable(module="harness")
+class BrokenFence(ThresholdDiagnostic):
+  """Share of completions whose program was read from a fence never closed or from
+  unfenced text (`reward_parts['unclosed_fence']`, `['bare_code']`); finding above 0.2.
+
+  Metrics: `broken_fence` (their sum), `unclosed_fence_rate`, `bare_code_rate`.
+  """
+
+  name, layer = "broken_fence", "behaviour"
+
+  def __init__(self, threshold: Optional[float] = 0.2, direction: str = "above", **kw):
+    super().__init__(threshold, direction, **kw)
+
+  def __call__(self, episodes: Sequence[Episode], context: dict) -> Report:
+    have = with_part(with_part(episodes, "unclosed_fence"), "bare_code")
+    if not have:
+      return Report({})
+    unclosed = rewards_of(have, "unclosed_fence") > 0.5
+    bare = rewards_of(have, "bare_code") > 0.5
+    value = float((unclosed | bare).mean())
+    metrics = {"broken_fence": value, "unclosed_fence_rate": float(unclosed.mean()),
+               "bare_code_rate": float(bare.mean())}
+    return self.report(metrics, value,
+                       lambda: f"{value:.3f} of programs come from an unclosed fence "
+                               f"({unclosed.mean():.3f}) or no fence ({bare.mean():.3f}) "
+                               f"(> {self.threshold})",
+                       lambda: evidence_of(have, np.flatnonzero(unclosed | bare), tail=True))
+
+
+@gin.configurable(module="harness")
+class RunawayLength(ThresholdDiagnostic):
+  """Share of code completions cut at the token limit (`Episode.truncated`); finding
+  above 0.25. Unlike the library's `truncation`, it says where the budget went:
+  `runaway_in_code` (cut inside a fence never closed: the program itself is too long or
+  loops) and `runaway_after_code` (a complete block, then words until the limit: a stop
+  at the end of the block would have saved them).
+  """
+
+  name, layer = "runaway_length", "efficiency"
+
+  def __init__(self, threshold: Optional[float] = 0.25, direction: str = "above", **kw):
+    super().__init__(threshold, direction, **kw)
+
+  def __call__(self, episodes: Sequence[Episode], context: dict) -> Report:
+    have = with_part(with_part(episodes, "unclosed_fence"), "format")
+    if not have:
+      return Report({})
+    cut = np.array([ep.truncated for ep in have], bool)
+    value = float(cut.mean())
+    metrics = {"runaway_length": value,
+               "runaway_in_code": float((cut & (rewards_of(have, "unclosed_fence") > 0.5))
+                                        .mean()),
+               "runaway_after_code": float((cut & (rewards_of(have, "format") > 0.5))
+                                           .mean())}
+    return self.report(metrics, value,
+                       lambda: f"{value:.3f} of completions run into the token limit "
+                               f"({metrics['runaway_in_code']:.3f} inside the code, "
+                               f"{metrics['runaway_after_code']:.3f} after it) "
+                               f"(> {self.threshold})",
+                       lambda: evidence_of(have, np.flatnonzero(cut), tail=True))
+
+
+@gin.configurable(module="harness")
 class PassFractionSpread(ThresholdDiagnostic):
   """Mean over groups of the standard deviation of `reward_parts['partial']` (the share
   of tests passed); finding when *below* `threshold` (0.05): the groups' programs pass
@@ -115,4 +210,5 @@ class PassFractionSpread(ThresholdDiagnostic):
                        lambda: evidence_of(flat, range(len(flat))))
 
 
-__all__ = ["HardcodedOutputs", "PassFractionSpread", "SyntaxErrorRate", "TimeoutRate"]
+__all__ = ["BrokenFence", "HardcodedOutputs", "PassFractionSpread", "ProseRate",
+           "RunawayLength", "SyntaxErrorRate", "TimeoutRate", "WrongNameRate"]

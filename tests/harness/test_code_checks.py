@@ -5,8 +5,10 @@ import pytest
 
 from evotrainer.harness.base import Evidence
 from evotrainer.harness.diagnostics import DIAGNOSTICS, run_diagnostics
-from evotrainer.harness.diagnostics_code import (HardcodedOutputs, PassFractionSpread,
-                                                 SyntaxErrorRate, TimeoutRate)
+from evotrainer.harness.diagnostics_code import (BrokenFence, HardcodedOutputs,
+                                                 PassFractionSpread, ProseRate,
+                                                 RunawayLength, SyntaxErrorRate,
+                                                 TimeoutRate, WrongNameRate)
 from evotrainer.harness.probes import exploit_recovery
 from evotrainer.harness.rewards import RewardComposer
 from evotrainer.harness.validators import VALIDATORS, ExploitProbe, TestTampering
@@ -31,7 +33,8 @@ def episodes(task, completions, problems=None, group=1):
 
 def test_the_code_diagnostics_are_in_the_library():
   for name in ("syntax_error_rate", "timeout_rate", "pass_fraction_spread",
-               "hardcoded_outputs"):
+               "hardcoded_outputs", "prose_rate", "broken_fence", "wrong_name_rate",
+               "runaway_length"):
     assert name in DIAGNOSTICS
   assert VALIDATORS["test_tampering"] is TestTampering
 
@@ -49,6 +52,48 @@ def test_syntax_error_and_timeout_rates_from_planted_programs(task):
   assert [e for e, _ in findings[1].evidence] == ["e4"]
   clean, none = run_diagnostics([SyntaxErrorRate(), TimeoutRate()], eps[:2])
   assert clean == {"syntax_error_rate": 0.0, "timeout_rate": 0.0} and none == []
+
+
+def shaped(i, truncated=False, **parts):
+  """A code episode with the shape parts of `CodeTask` (all 0 unless given)."""
+  keys = ("format", "unclosed_fence", "bare_code", "prose", "wrong_name")
+  return Episode(f"e{i}", i // 4, "t", "", f"completion {i}", "",
+                 {k: float(parts.get(k, 0)) for k in keys}, truncated=truncated)
+
+
+# Eight code episodes (two groups of 4) and one math episode, which has none of the parts.
+SHAPES = [shaped(0, prose=1), shaped(1, True, unclosed_fence=1), shaped(2, bare_code=1),
+          shaped(3, True, format=1), shaped(4, format=1, wrong_name=1), shaped(5, format=1),
+          shaped(6, True, prose=1), shaped(7, True, unclosed_fence=1, wrong_name=1),
+          Episode("m", 9, "t", "", "19", "19", {"correct": 1.0}, truncated=True)]
+
+
+def test_what_a_chat_model_gets_wrong_hand_computed():
+  diags = [ProseRate(), BrokenFence(), WrongNameRate(), RunawayLength()]
+  metrics, findings = run_diagnostics(diags, SHAPES)
+  assert metrics == {"prose_rate": 2 / 8,  # e0, e6 (the math episode is not counted)
+                     "broken_fence": 3 / 8, "unclosed_fence_rate": 2 / 8,  # e1, e7
+                     "bare_code_rate": 1 / 8,  # e2
+                     "wrong_name_rate": 2 / 8,  # e4, e7
+                     "runaway_length": 4 / 8,  # e1, e3, e6, e7
+                     "runaway_in_code": 2 / 8,  # e1, e7: cut inside the open fence
+                     "runaway_after_code": 1 / 8}  # e3: cut after a closed block
+  assert [f.kind for f in findings] == ["prose_rate", "broken_fence", "wrong_name_rate",
+                                        "runaway_length"]
+  assert [[e for e, _ in f.evidence] for f in findings] == [
+      ["e0", "e6"], ["e1", "e2", "e7"], ["e4", "e7"], ["e1", "e3", "e6", "e7"]]
+  assert all(f.layer in ("behaviour", "efficiency") for f in findings)
+
+
+def test_chat_model_checks_below_threshold_and_off_domain():
+  clean = [shaped(i, format=1) for i in range(4)] + [shaped(4, prose=1)]  # 1 of 5 prose
+  metrics, findings = run_diagnostics([ProseRate(), BrokenFence(), WrongNameRate(),
+                                       RunawayLength()], clean)
+  assert metrics["prose_rate"] == 0.2 and findings == []  # at the threshold: no finding
+  assert run_diagnostics([ProseRate(threshold=0.1)], clean)[1][0].value == 0.2
+  math_only = SHAPES[-1:]
+  assert run_diagnostics([ProseRate(), BrokenFence(), WrongNameRate(), RunawayLength()],
+                         math_only) == ({}, [])
 
 
 def test_pass_fraction_spread_hand_computed():
