@@ -73,7 +73,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            branch_timeout_s: float = 1800, resume_from: str | None = None,
            backtest: bool = True, control: bool = True, mode: str = "evolve",
            task=None, domain: str = "math", validators: list | None = None,
-           continue_steps: int = 0, relative_health: bool = False,
+           diagnostics: list | None = None, continue_steps: int = 0, relative_health: bool = False,
            command_line: CommandLine | None = None) -> dict | None:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
@@ -110,6 +110,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
       checked before anything trains and on every escalation (eval_check.py).
     domain: the domain skill outcomes are recorded under ('math', 'code').
     validators: the promotion gates (None: `harness_evolution.DEFAULT_VALIDATORS`).
+    diagnostics: what diagnoses each generation's incumbent, whose findings the
+      proposer acts on (None: `harness_evolution.DEFAULT_DIAGNOSTICS`).
     relative_health: health validators (training_stability, canary_prompts) veto a
       change only when its control did not fail them too, and never veto a control or
       continuation; every other validator always vetoes (Controller).
@@ -155,7 +157,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
                if s] + [SEED_DIR]
     skills = SkillLibrary.seeded(local / "skills", sources=sources)
     controller = Controller(ledger, trainer, space, skills, workdir=local, domain=domain,
-                            validators=validators,
+                            validators=validators, diagnostics=diagnostics,
                             branches=branches, generations=generations, seed=seed,
                             values=space.current_values(), proposer=proposer,
                             human_gated=human_gated, progress=True,

@@ -65,6 +65,20 @@ CATALOG: dict = {
                             "comes")],
     "format_failure": [("RewardComposer.parts", ("add",), "fewer unparseable answers "
                         "under a format reward")],
+    # The code domain's checks of what a chat model writes (harness/diagnostics_code.py).
+    "prose_rate": [("RewardComposer.parts", ("add",), "fewer prose answers once a part "
+                    "pays for a code block (format)")],
+    "broken_fence": [("RewardComposer.parts", ("add",), "more closed fences once the "
+                      "format part (a complete block) pays"),
+                     ("max_new_tokens", None, "fewer fences cut open at the token limit")],
+    "syntax_error_rate": [("RewardComposer.parts", ("add",), "fewer syntax errors once "
+                           "compiling pays (compiles)"),
+                          ("temperature", None, "fewer syntax errors at another sampling "
+                           "temperature")],
+    "wrong_name_rate": [("temperature", None, "fewer programs stray from the asked name "
+                         "at another sampling temperature")],
+    "runaway_length": [("max_new_tokens", None, "fewer completions cut at the limit"),
+                       ("trajectory_filters", ("add",), "truncated rows stop training")],
     "proxy_true_disagreement": [("RewardComposer.parts", ("remove",), "the proxy and BC "
                                  "agree again once the gameable part is gone")],
     "bc": [("learning_rate", None, "BC moves with a different step size"),

@@ -3,6 +3,8 @@ proven by planting the fault (hand-computed values; programs run in the real san
 
 import pytest
 
+from evotrainer.evolution.proposers import skill_hypotheses
+from evotrainer.evolution.search_space import DictWeightKnob, FloatKnob, SearchSpace
 from evotrainer.harness.base import Evidence
 from evotrainer.harness.diagnostics import DIAGNOSTICS, run_diagnostics
 from evotrainer.harness.diagnostics_code import (BrokenFence, HardcodedOutputs,
@@ -151,3 +153,18 @@ def test_code_exploit_probe_hand_computed(task, parts, expected):
   assert got == pytest.approx(expected)
   verdict = ExploitProbe()(Evidence(episodes=[], series={}, heldout={"exploit_recovery": got}))
   assert verdict.passed == (got <= 0.1)
+
+
+def test_the_chat_model_findings_become_proposals_in_the_code_space():
+  space = SearchSpace([FloatKnob("SamplingParams.temperature", 0.7, 1.3, step=0.15),
+                       DictWeightKnob("RewardComposer.parts", "format", 0.05, 0.5)])
+  values = {"SamplingParams.temperature": 1.0, "RewardComposer.parts": {"correct": 1.0}}
+  _, findings = run_diagnostics([ProseRate(), WrongNameRate(), RunawayLength()], SHAPES)
+  hyps = skill_hypotheses(findings, values, space, None)
+  by_finding = {}
+  for h in hyps:
+    by_finding.setdefault(h.finding, set()).add(h.intervention.binding)
+  # prose: add the format part; a wrong name: another temperature; the runaway length
+  # has no max_new_tokens knob or trajectory filter in this space, so nothing.
+  assert by_finding == {"prose_rate": {"RewardComposer.parts"},
+                        "wrong_name_rate": {"SamplingParams.temperature"}}
