@@ -13,6 +13,10 @@ micro-batches that a `lax.scan` runs one after another, summing gradients. Each
 micro-batch normalizes its loss by the token and sequence counts of the *whole* batch
 (`aggregate`'s `num_tokens` / `num_seqs`), so the summed gradient equals the full-batch
 gradient in every aggregation mode.
+
+Partial training (`Learner.trainable_layers`): the step differentiates w.r.t. the
+trainable subset only (`trainable.TrainableSet`) and the optimizer state covers that
+subset; the train state still holds every parameter.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from jaxtyping import Array, Float
 
 from evotrainer.learner import losses
 from evotrainer.learner.losses import LossHParams
+from evotrainer.learner.trainable import TrainableSet, merge
 from evotrainer.model.transformer import Transformer, attention_mask, head_logits
 from evotrainer.sharding.mesh import opt_state_shardings, shard_batch, state_shardings
 from evotrainer.sharding.rules import LEARNER_RULES, constrain, use_rules
@@ -141,8 +146,9 @@ class TrainState:
   """Everything the learner updates, as one donated pytree."""
 
   step: jax.Array  # [] int32: optimizer updates applied so far (drives the lr schedule)
-  params: nnx.State  # the policy's parameters, sharded by LEARNER_RULES under a mesh
-  opt_state: optax.OptState  # optax state of `Learner.tx`, sharded like `params`
+  params: nnx.State  # all the policy's parameters, sharded by LEARNER_RULES under a mesh
+  opt_state: optax.OptState  # optax state of `Learner.tx` for the trainable parameters
+  # only (`Learner.trainable`), sharded like them
 
 
 class StepHParams(NamedTuple):
@@ -252,6 +258,11 @@ class Learner:
     logprob_chunk: completion slots per block of the LM head and log-prob reductions
       (`completion_logprobs(chunk=...)`); None: one block. With a large vocabulary this
       bounds the `[rows, slots, V]` float32 logits the step holds (bench/learner_memory.py).
+    trainable_layers: train only the top K blocks (and, with `train_head`, the final
+      norm and an untied LM head); the embeddings and the blocks below are frozen: no
+      gradient is computed for them and the optimizer keeps no state for them
+      (`trainable.TrainableSet`). None trains every parameter.
+    train_head: with `trainable_layers`, also train the final norm (and untied head).
     clip_low, clip_high, dual_clip_c, agg_mode, seq_level, kl_coef, kl_kind,
       entropy_coef: defaults of `hparams()`, see `losses.LossHParams.create`.
   """
@@ -275,6 +286,8 @@ class Learner:
       norm_length: Optional[int] = None,
       compute_entropy: bool = True,
       logprob_chunk: Optional[int] = None,
+      trainable_layers: Optional[int] = None,
+      train_head: bool = True,
       clip_low: float = 0.2,
       clip_high: float = 0.28,
       dual_clip_c: float = 0.0,
@@ -299,6 +312,8 @@ class Learner:
     abstract_params = jax.eval_shape(lambda s: s, params)  # keep no reference to the values
     del params
     self.config = model.config
+    self.trainable = TrainableSet.for_config(model.config, trainable_layers, train_head)
+    abstract_train = self.trainable.split(abstract_params)[0]
     self.mesh = mesh
     self.rules = LEARNER_RULES
     self.micro_batch_size = micro_batch_size
@@ -317,7 +332,7 @@ class Learner:
     parts.append(optax.adamw(self.schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
     self.tx = optax.chain(*parts)
 
-    abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
+    abstract_opt = jax.eval_shape(self.tx.init, abstract_train)
     if mesh is None:
       self.state_shardings = None
       self.param_shardings = None
@@ -326,7 +341,8 @@ class Learner:
       self.param_shardings = state_shardings(abstract_params, mesh, self.rules)
       self.state_shardings = TrainState(
           step=replicated, params=self.param_shardings,
-          opt_state=opt_state_shardings(self.tx, abstract_opt, self.param_shardings, mesh))
+          opt_state=opt_state_shardings(self.tx, abstract_opt,
+                                        self.trainable.split(self.param_shardings)[0], mesh))
 
     out_sh = None if mesh is None else (self.state_shardings, NamedSharding(mesh, PartitionSpec()))
     jit_kw = {} if mesh is None else dict(out_shardings=out_sh)
@@ -350,7 +366,7 @@ class Learner:
   def _init(self, params: nnx.State) -> TrainState:
     params = jax.tree.map(jnp.copy, params)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=self.tx.init(params))
+                      opt_state=self.tx.init(self.trainable.split(params)[0]))
 
   def hparams(self, **overrides) -> StepHParams:
     """The traced knobs: constructor defaults, `overrides` applied (plus `lr_scale`).
@@ -459,8 +475,12 @@ class Learner:
       num_tokens = tokens_per_seq.sum().astype(jnp.float32)
       num_seqs = (tokens_per_seq > 0).sum().astype(jnp.float32)
 
-      def loss_fn(params, mb: TrainBatch):
-        model = nnx.merge(self.graphdef, params)
+      # Gradients w.r.t. the trainable part only: the frozen part enters as a constant,
+      # so the backward pass never reaches the blocks below the trainable ones.
+      train, frozen = self.trainable.split(state.params)
+
+      def loss_fn(train_params, mb: TrainBatch):
+        model = nnx.merge(self.graphdef, train_params, frozen)
         logp, ent = completion_logprobs(model, mb, vocab_limit=self.vocab_limit,
                                         with_entropy=self.compute_entropy,
                                         temperature=hparams.temperature,
@@ -473,21 +493,21 @@ class Learner:
       grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
       def accumulate(grads, mb: TrainBatch):
-        (_, metrics), g = grad_fn(state.params, mb)
+        (_, metrics), g = grad_fn(train, mb)
         grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
         return grads, (metrics, mb.loss_mask.astype(jnp.float32).sum())
 
-      zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+      zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), train)
       micro = jax.tree.map(lambda x: _split_micro(x, m), batch)
       grads, (per_micro, micro_tokens) = jax.lax.scan(accumulate, zeros, micro)
-      grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+      grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, train)
       metrics = _combine_metrics(per_micro, micro_tokens, num_tokens)
 
       grad_norm = optax.tree.norm(grads)
-      updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+      updates, opt_state = self.tx.update(grads, state.opt_state, train)
       scale = hparams.lr_scale
       updates = jax.tree.map(lambda u: (u * scale).astype(u.dtype), updates)
-      params = optax.apply_updates(state.params, updates)
+      params = merge(optax.apply_updates(train, updates), frozen)
       metrics.update(grad_norm=grad_norm, lr=self.schedule(state.step) * scale,
                      num_tokens=num_tokens)
       new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
