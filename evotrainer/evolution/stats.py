@@ -24,8 +24,14 @@ import numpy as np
 def paired_test(child: Mapping[str, float], parent: Mapping[str, float], n: int = 2000,
                 seed: int = 0, alpha: float = 0.05) -> dict:
   """`paired_bootstrap`'s mean and interval plus the one-sided p-value of "child is no
-  better": p = (1 + #{resampled means <= 0}) / (n + 1). Keys diff, lo, hi, p, problems."""
+  better": p = (1 + #{resampled means <= 0}) / (n + 1). Keys diff, lo, hi, p, problems.
+  A shared problem whose score is not finite, or n < 1, is a ValueError."""
+  if n < 1:
+    raise ValueError(f"paired_test: n={n} bootstrap resamples; expected at least 1")
   common = sorted(set(child) & set(parent))
+  broken = [k for k in common if not math.isfinite(float(child[k]) - float(parent[k]))]
+  if broken:  # a NaN mean is never <= 0: p would read as "better beyond noise"
+    raise ValueError(f"paired_test: scores that are not finite for problems {broken[:5]}")
   if not common:
     return {"diff": math.nan, "lo": math.nan, "hi": math.nan, "p": 1.0, "problems": 0}
   d = np.array([float(child[k]) - float(parent[k]) for k in common], np.float64)  # [P]
@@ -44,6 +50,9 @@ def holm(pvalues: Sequence[float], alpha: float) -> list[bool]:
   The i-th smallest p-value (i = 0, 1, ...) is compared with alpha / (m - i); rejection
   stops at the first that exceeds it.
   """
+  bad = [p for p in pvalues if not 0.0 <= p <= 1.0]
+  if bad:  # NaN > threshold is False: a NaN p-value would be rejected
+    raise ValueError(f"holm: p-values outside [0, 1]: {bad}")
   order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
   out = [False] * len(pvalues)
   for rank, i in enumerate(order):
