@@ -16,10 +16,6 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 
-def pytest_configure(config):
-  config.addinivalue_line("markers", "slow: end-to-end tests (still run in CI)")
-
-
 @pytest.fixture(scope="session")
 def devices():
   assert jax.device_count() == 8, "tests expect 8 fake CPU devices"

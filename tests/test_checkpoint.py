@@ -20,11 +20,11 @@ from evotrainer import checkpoint as ck
 from evotrainer.model import ModelConfig, Transformer
 from evotrainer.sharding.mesh import make_mesh, opt_state_shardings, state_shardings
 from evotrainer.sharding.rules import LEARNER_RULES
+from tests.tiny_models import small_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every sharded axis divides the (2, 2, 2) mesh.
-CFG = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
-                  num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True)
+CFG = small_config(qk_norm=True)
 
 
 def trained_state(cfg=CFG, seed=0):

@@ -10,11 +10,12 @@ import pytest
 from flax import nnx
 
 from evotrainer.evolution.ledger import Ledger
-from evotrainer.model import ModelConfig, Transformer
+from evotrainer.model import Transformer
 from evotrainer.rollouts.store import RolloutStore
 from evotrainer.tasks.math import MathTask
 from evotrainer.tokenizers import SentencePieceTokenizer
 from evotrainer.train import EvalConfig, train
+from tests.tiny_models import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,9 +40,8 @@ def setup(tmp_path_factory):
   task = MathTask(sources=["tiny_arithmetic"], prompt_template="{question}", num_validation=16)
   texts = [task.format_prompt(p) + " " + p.solution for p in task.train_problems(300, 0)]
   tok = SentencePieceTokenizer.train(texts, 300, str(tmp_path_factory.mktemp("spm")))
-  cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64,
-                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                    architecture="qwen3", qk_norm=True, max_position_embeddings=128)
+  cfg = tiny_config(vocab_size=tok.vocab_size, architecture="qwen3", qk_norm=True,
+                    max_position_embeddings=128)
   return DigitShareTask(task), tok, cfg
 
 

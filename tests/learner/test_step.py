@@ -2,8 +2,6 @@
 micro-batching vs the whole batch, no recompiles on knob changes, sharded vs one device,
 and a GRPO update that moves log-probs the way the advantages say."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,11 +11,11 @@ from jax.sharding import PartitionSpec as P
 
 from evotrainer.learner.losses import AGG_SEQ_MEAN_TOKEN_MEAN
 from evotrainer.learner.step import Learner, TrainState, completion_logprobs
-from evotrainer.model.config import ModelConfig
 from evotrainer.model.transformer import Transformer
 from evotrainer.sampling import Sampler, SamplingParams, left_pad
 from evotrainer.sharding.mesh import make_mesh
 from evotrainer.types import TrainBatch
+from tests.tiny_models import tiny_config
 
 TOL = 1e-5
 B, PLEN, N, V = 8, 8, 6, 64
@@ -31,14 +29,9 @@ FILTERED_ROW = 5  # a row a harness filter dropped: loss mask all False
 LINEAR_ADAM = dict(learning_rate=1e3, eps=1e3)
 
 
-def tiny_config() -> ModelConfig:
-  return ModelConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=8)
-
-
 @pytest.fixture(scope="module")
 def model():
-  return Transformer(tiny_config(), rngs=nnx.Rngs(0))
+  return Transformer(tiny_config(vocab_size=V), rngs=nnx.Rngs(0))
 
 
 @pytest.fixture(scope="module")
@@ -272,13 +265,13 @@ def test_bf16_logits_and_attention_accumulate_in_float32():
   assert np.max(np.abs(got_tied - ref)) < 1e-4
   # attention: in a bf16 model's forward every q.k score dot ([B, KV, G, T, S]) and the
   # LM head's dot produce float32 from bf16 operands
-  bf = Transformer(dataclasses.replace(tiny_config(), dtype="bfloat16"), rngs=nnx.Rngs(0))
+  bf = Transformer(tiny_config(vocab_size=V, dtype="bfloat16"), rngs=nnx.Rngs(0))
   x = jnp.asarray(rng.integers(1, V, (2, 5)), jnp.int32)  # T = 5 != head_dim
   dots = [e for e in jax.make_jaxpr(bf.forward_logits)(x).eqns
           if e.primitive.name == "dot_general"]
   scores = [e for e in dots if e.outvars[0].aval.ndim == 5 and
             e.outvars[0].aval.shape[-1] == e.outvars[0].aval.shape[-2]]
-  assert len(scores) == tiny_config().num_layers
+  assert len(scores) == tiny_config(vocab_size=V).num_layers
   for e in scores + [dots[-1]]:  # the last dot is the LM head
     assert [v.aval.dtype for v in e.invars] == [jnp.bfloat16] * 2
     assert e.outvars[0].aval.dtype == jnp.float32

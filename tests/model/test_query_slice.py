@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from evotrainer.model import ModelConfig, Transformer
+from evotrainer.model import Transformer
 from evotrainer.model.transformer import init_cache
+from tests.tiny_models import tiny_config
 
-CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3,
-                  num_heads=4, num_kv_heads=2, head_dim=8, architecture="qwen3",
-                  qk_norm=True)
+CFG = tiny_config(num_layers=3, architecture="qwen3", qk_norm=True)
 B, T = 2, 10
 
 

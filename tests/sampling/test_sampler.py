@@ -8,16 +8,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from evotrainer.model import ModelConfig, Transformer
+from evotrainer.model import Transformer
 from evotrainer.sampling import Sampler, SamplingParams, left_pad
 from evotrainer.sampling import sampler as sampler_lib
 from evotrainer.sampling.strategies import select
 from evotrainer.sharding import rules
 from evotrainer.sharding.mesh import make_mesh, state_shardings
+from tests.tiny_models import small_config
 
-CFG = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2,
-                  num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True,
-                  rope_theta=5e5, max_position_embeddings=256)
+CFG = small_config(vocab_size=96, qk_norm=True, rope_theta=5e5, max_position_embeddings=256)
 PAD = 0
 
 

@@ -27,12 +27,12 @@ from evotrainer.model.config import ModelConfig
 from evotrainer.sharding.mesh import (create_model, initialize_distributed, make_mesh,
                                       shard_batch)
 from evotrainer.sharding.rules import LEARNER_RULES, use_rules
+from tests.tiny_models import small_config
 
 
 def tiny_config() -> ModelConfig:
   """A two-layer GQA decoder whose every sharded axis divides the (2, 2, 2) mesh."""
-  return ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=16)
+  return small_config()
 
 
 def fixed_tokens(batch: int = 8, length: int = 16) -> np.ndarray:
