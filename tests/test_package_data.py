@@ -65,6 +65,12 @@ def _copy_source(dst: pathlib.Path) -> None:
     shutil.copytree(REPO / name, dst / name, ignore=skip)
 
 
+def _data_files(root: pathlib.Path) -> set:
+  """The files under `root` that are not Python code, relative to it."""
+  return {p.relative_to(root).as_posix() for p in root.rglob("*")
+          if p.is_file() and p.suffix not in (".py", ".pyc")}
+
+
 def _install(tmp_path: pathlib.Path) -> pathlib.Path:
   src, target = tmp_path / "src", tmp_path / "site"
   _copy_source(src)
@@ -97,3 +103,7 @@ def test_non_editable_install_finds_every_data_file(tmp_path):
   assert out["math"] == 1.0
   assert out["code"] == 2
   assert "not_a_source" in out["swe"] and "tinydb" in out["swe"], out["swe"]
+  # Every data file of the source tree is installed (a new one must be package data).
+  src = tmp_path / "src"
+  assert not _data_files(src / "evotrainer") - _data_files(target / "evotrainer")
+  assert not _data_files(src / "gin") - _data_files(target / "evotrainer" / "_gin")
