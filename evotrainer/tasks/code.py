@@ -109,8 +109,10 @@ def read_code(text: str) -> tuple[Optional[str], str]:
   'fenced'    the first complete ```, ```python or ```py block (other languages skipped)
   'unclosed'  no complete block, but a Python fence opens and the text ends inside it (a
               completion cut at the token limit): the rest of the text
-  'bare'      no fence at all, and the whole text parses as Python holding some code (a
-              statement other than a bare name or constant)
+  'bare'      no opening fence: the text before the first fence (all of it when there is
+              none) parses as Python holding some code (a statement other than a bare
+              name or constant); a model that skips the opening fence often still
+              closes it
   'other'     a fence, but no Python program in it (another language, a fence line that
               never ends, a block over `MAX_PROGRAM_CHARS`)
   'none'      no fence, and the text is not Python: prose
@@ -120,8 +122,10 @@ def read_code(text: str) -> tuple[Optional[str], str]:
   """
   text = text[:MAX_TEXT_CHARS]
   i = text.find("```")
+  if _holds_code(text if i == -1 else text[:i]):
+    return (text if i == -1 else text[:i]), "bare"
   if i == -1:
-    return (text, "bare") if _holds_code(text) else (None, "none")
+    return None, "none"
   while i != -1:
     eol = text.find("\n", i + 3)
     if eol == -1:

@@ -58,6 +58,7 @@ def test_read_code_says_how_the_program_was_found():
       f"```js\nno\n```\n```python\n{fn}": (fn, "unclosed"),  # the Python one, unclosed
       "```python\nnever closed": ("never closed", "unclosed"),
       fn: (fn, "bare"),
+      f"{fn}```\nThis adds 7.": (fn, "bare"),  # the opening fence skipped, the closing one not
       "x = int(input())\nprint(x * 2)": ("x = int(input())\nprint(x * 2)", "bare"),
       "Yes": (None, "none"),  # parses, as a bare name: prose
       "42": (None, "none"),
