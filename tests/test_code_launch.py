@@ -87,3 +87,27 @@ def test_launch_code_train_end_to_end(tmp_path):
       "passed", "wrong_answer", "runtime_error", "timeout", "syntax_error", "no_code",
       "malformed")}
   assert any("diag/syntax_error_rate" in m for m in metrics)
+
+
+def test_the_pretrained_code_configs_parse_and_say_what_they_run(parsed):
+  names = lambda refs: {r.selector.rsplit(".", 1)[-1] for r in refs}
+  registry.parse(["gin/code_smol_train.gin"])  # finalized: every binding is known
+  gin.clear_config()
+  parsed(["gin/code_smol_train.gin"])
+  assert gin.query_parameter("policy.gguf") == "smollm2-135m-instruct"
+  assert gin.query_parameter("run.mode") == "train"
+  assert gin.query_parameter("run.warm_start") is False
+  assert gin.query_parameter("CodeTask.kinds") == ["function"]  # each names its function
+  assert gin.query_parameter("Harness.group_filters") == []  # the fixed default harness
+  gin.clear_config()
+  registry.parse(["gin/code_smol.gin"])
+  gin.clear_config()
+  parsed(["gin/code_smol.gin"])
+  assert gin.query_parameter("run.mode") == "evolve"
+  generations = gin.query_parameter("evolve.generations")
+  per_generation = gin.query_parameter("evolve.branches") + int(
+      gin.query_parameter("evolve.control"))
+  assert 1 + generations * per_generation >= 4  # the root and the versions it evolves
+  assert {"ProseRate", "BrokenFence", "SyntaxErrorRate", "WrongNameRate", "RunawayLength",
+          "DeadGroupRatio"} <= names(gin.query_parameter("evolve.diagnostics"))
+  assert gin.query_parameter("lr/FloatKnob.high") <= 1e-4  # a pretrained model's steps

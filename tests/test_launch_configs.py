@@ -25,6 +25,8 @@ def _named_in_launch() -> list:
 
 LAUNCH_GIN = _named_in_launch()
 MODEL_GIN = sorted(str(p.relative_to(REPO)) for p in REPO.glob("gin/model/*.gin"))
+# The domain files that run a real-size model (the docs' commands name them).
+PRETRAINED_GIN = ["gin/code_smol_train.gin", "gin/code_smol.gin"]
 
 # The published config.json of each checkpoint (the fields our importer reads).
 PUBLISHED = {
@@ -65,7 +67,7 @@ def test_the_launch_scripts_name_gin_files():
   assert "gin/mesh/fsdp.gin" in LAUNCH_GIN and "gin/model/qwen3-0.6b.gin" in LAUNCH_GIN
 
 
-@pytest.mark.parametrize("path", sorted(set(LAUNCH_GIN) | set(MODEL_GIN)))
+@pytest.mark.parametrize("path", sorted(set(LAUNCH_GIN) | set(MODEL_GIN) | set(PRETRAINED_GIN)))
 def test_named_gin_file_exists_and_parses(path):
   assert (REPO / path).is_file(), f"{path} is named in launch/ but does not exist"
   registry.parse([path], finalize=False)
