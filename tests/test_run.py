@@ -1,0 +1,235 @@
+"""run.py: the mode dispatch, the test-split evaluation against figures worked out by
+hand from a scripted rollout, and branch mode's files (branch_result.json beside
+test_eval.json, the saved model) against the values the test itself computes. Training
+is replaced by a scripted `train`: nothing here compiles a learner."""
+
+import json
+import pathlib
+import types
+
+import gin
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from evotrainer import checkpoint
+from evotrainer import run as run_lib
+from evotrainer import train as train_lib
+from evotrainer.evolution.ledger_mirror import open_ledger
+from evotrainer.model.config import ModelConfig
+from evotrainer.rollouts.generation import Generation
+from evotrainer.rollouts.store import RolloutStore
+from evotrainer.tasks.base import Problem
+from evotrainer.train import EvalConfig
+from evotrainer.types import Episode
+from tests.model.test_transformer import _random_model
+
+# Test problems t0..t4: correctness of each of k = 3 samples, and of the greedy answer.
+CORRECT = {"t0": [1, 0, 0], "t1": [0, 0, 0], "t2": [1, 1, 1], "t3": [0, 1, 0], "t4": [1, 1, 0]}
+GREEDY = {"t0": 1, "t1": 0, "t2": 1, "t3": 0, "t4": 0}
+# By hand: avg@3 = (1 + 0 + 3 + 1 + 2) / 15; pass@3 = 4 of 5 problems solved at least
+# once; greedy 2 of 5; format 1 on every row but t1's three: 12 / 15.
+FIGURES = {"avg3": 7 / 15, "pass3": 0.8, "greedy": 0.4, "format": 0.8}
+PER_PROBLEM = {"t0": 1 / 3, "t1": 0.0, "t2": 1.0, "t3": 1 / 3, "t4": 2 / 3}
+TEST = [Problem(f"t{i}", f"q{i}", str(i), str(i), "scripted") for i in range(5)]
+# The canaries' greedy answers: c0 right in the strict format, c1 the right number bare.
+CANARIES = [Problem("c0", "q", "7", "7", "canary"), Problem("c1", "q", "9", "9", "canary")]
+CANARY_TEXT = {"c0": "<answer>7</answer>", "c1": "9"}
+
+
+class ScriptedTask:
+  """Test problems and canaries; records which splits it was asked for."""
+
+  def __init__(self):
+    self.splits = []
+
+  def heldout_problems(self, n: int, split: str = "validation") -> list:
+    self.splits.append(split)
+    return TEST[:n]
+
+  def format_prompt(self, problem) -> str:
+    return f"Q: {problem.prompt}"
+
+  def canary_problems(self) -> list:
+    return CANARIES
+
+  def strict_verify(self, answer: str, text: str) -> bool:
+    return text == f"<answer>{answer}</answer>"
+
+
+class ScriptedRollout:
+  """Returns a `Generation` scored from CORRECT / GREEDY; records (params, group, greedy)."""
+
+  def __init__(self, task):
+    self.task, self.calls = task, []
+
+  def __call__(self, params, problems, group, key, sampling, pad_rows_to=None):
+    self.calls.append((params, group, sampling.greedy))
+    rows = [(p, j) for p in problems for j in range(group)]
+    scores = [{"correct": float(GREEDY.get(p.id, 0) if sampling.greedy
+                                else CORRECT[p.id][j]), "format": float(p.id != "t1")}
+              for p, j in rows]
+    b = len(rows)
+    return Generation(problems=[p for p, _ in rows], prompt_tokens=np.zeros((b, 1), np.int32),
+                      prompt_lengths=np.ones(b, np.int32), tokens=np.zeros((b, 1), np.int32),
+                      logprobs=np.zeros((b, 1), np.float32), lengths=np.ones(b, np.int32),
+                      truncated=np.zeros(b, bool),
+                      texts=[CANARY_TEXT.get(p.id, "x") for p, _ in rows], scores=scores)
+
+
+@pytest.fixture
+def clean_gin():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+# ------------------------------------------------------------------ dispatch
+
+
+def test_an_unknown_mode_names_every_mode_and_writes_nothing(tmp_path):
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match="run.mode='trian'") as e:
+    run_lib.run(str(workdir), mode="trian", task=ScriptedTask())
+  for mode in ("train", "branch", "evolve", "sweep", "ledger", "sample"):
+    assert repr(mode) in str(e.value)
+  assert not workdir.exists()
+
+
+def test_ledger_mode_prints_the_ledger_and_never_creates_one(tmp_path, capsys):
+  with pytest.raises(FileNotFoundError, match=f"no ledger.sqlite in {tmp_path}"):
+    run_lib.run(str(tmp_path), mode="ledger", task=None)
+  assert list(tmp_path.iterdir()) == []
+  with open_ledger(tmp_path) as ledger:
+    ledger.add_version("v0", None)
+  assert run_lib.run(str(tmp_path), mode="ledger", task=None) == {}
+  assert "v0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["evolve", "sweep"])
+def test_evolve_and_sweep_go_to_the_controller_and_write_its_summary(tmp_path, monkeypatch,
+                                                                     mode):
+  calls = []
+
+  def fake_evolve(workdir, seed, **kwargs):
+    calls.append((workdir, seed, kwargs))
+    return {"versions": ["v0", "v1.0"]}
+
+  monkeypatch.setattr(run_lib, "evolve", fake_evolve)
+  task = ScriptedTask()
+  summary = run_lib.run(str(tmp_path), mode=mode, seed=7, task=task)
+  assert calls == [(str(tmp_path), 7, {"mode": mode, "task": task, "command_line": None})]
+  assert summary["versions"] == ["v0", "v1.0"] and summary["wall_s"] >= 0
+  assert json.loads((tmp_path / "summary.json").read_text()) == summary
+  # A process other than 0 of a multi-process evolution: no summary, no file.
+  (tmp_path / "summary.json").unlink()
+  monkeypatch.setattr(run_lib, "evolve", lambda *a, **k: None)
+  assert run_lib.run(str(tmp_path), mode=mode, task=task) == {}
+  assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_sweep_without_a_file_is_an_error_before_any_ledger(tmp_path, clean_gin):
+  from evotrainer.evolution.sweep import SweepError
+  from tests.evolution.test_controller import space
+  with pytest.raises(SweepError, match="needs a sweep file"):
+    run_lib.evolve(str(tmp_path), 0, space=space(), mode="sweep")
+  assert not (tmp_path / "ledger.sqlite").exists()
+
+
+# ------------------------------------------------------------------ evaluations
+
+
+def test_test_evaluation_against_figures_by_hand():
+  task = ScriptedTask()
+  rollout = ScriptedRollout(task)
+  # batch_rows 6 over k = 3: sampled 2 problems at a time (chunks 2, 2, 1).
+  cfg = EvalConfig(num_test=5, k=3, batch_rows=6, max_new_tokens=4)
+  figures, per = run_lib.test_evaluation(rollout, "params", task, cfg)
+  assert figures == pytest.approx(FIGURES) and set(figures) == set(FIGURES)
+  assert per == pytest.approx(PER_PROBLEM) and list(per) == sorted(PER_PROBLEM)
+  assert task.splits == ["test"]  # the test split, never validation
+  assert [c for c in rollout.calls if not c[2]] == [("params", 3, False)] * 3
+  assert [c for c in rollout.calls if c[2]] == [("params", 1, True)]
+  assert run_lib.test_evaluation(rollout, "params", task, EvalConfig(num_test=0)) == ({}, {})
+  assert task.splits == ["test"] and len(rollout.calls) == 4  # num_test 0: nothing sampled
+
+
+# ------------------------------------------------------------------ branch mode
+
+TINY = ModelConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_layers=1,
+                   num_heads=2, num_kv_heads=1, head_dim=4)
+# The last held-out step's episodes (step 2; step 0's are older): per problem, the mean
+# of `correct` over its samples, 0 where a sample has no `correct` part.
+HELDOUT = {0: [("t0", {"correct": 1.0})],
+           2: [("t0", {"correct": 1.0}), ("t0", {"correct": 0.0}), ("t1", {"correct": 1.0}),
+               ("t2", {"format": 1.0})]}
+BRANCH_PER_PROBLEM = {"t0": 0.5, "t1": 1.0, "t2": 0.0}
+METRICS = [{"step": 1, "reward": 0.5, "correct": 0.25, "length_mean": 6.0, "truncated": 0.0},
+           {"step": 2, "eval": True, "avg3": 0.4},  # an evaluation row: not a step
+           {"step": 2, "reward": 0.75, "correct": 0.5, "length_mean": 5.0, "truncated": 0.25,
+            "learner/entropy": 1.5, "learner/clip_frac_low": 0.125,
+            "learner/clip_frac_high": 0.25}]
+SERIES = {"correct": [0.25, 0.5], "reward": [0.5, 0.75], "entropy": [None, 1.5],
+          "length": [6.0, 5.0], "truncated": [0.0, 0.25], "clip_frac": [None, 0.375]}
+
+
+def _fake_train(trained_params, rollout, calls):
+  """`train` as branch mode calls it: writes the step rows and the held-out episodes a
+  real run would, and returns the trained state."""
+
+  def train(workdir, task, model, tok, mesh, *, seed, sampling, version, parent_checkpoints):
+    calls.append((version, seed, parent_checkpoints))
+    (pathlib.Path(workdir) / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in METRICS))
+    store = RolloutStore(pathlib.Path(workdir) / "rollouts")
+    for step, rows in HELDOUT.items():
+      store.write(version, step, "heldout", [
+          Episode(f"{version}/heldout/{step}/{i}", i, tid, "q", "c", "a", parts,
+                  version=version, step=step, split="heldout")
+          for i, (tid, parts) in enumerate(rows)])
+    return {"steps": 2, "initial": {"avg3": 0.1}, "final": {"avg3": 0.4},
+            "state": types.SimpleNamespace(params=trained_params), "rollout": rollout}
+
+  return train
+
+
+def test_branch_writes_its_result_and_test_figures_against_values_by_hand(
+    tmp_path, monkeypatch, clean_gin):
+  gin.parse_config("run.branch.version = 'v2.1'\n"
+                   "train.EvalConfig.num_test = 5\n"
+                   "train.EvalConfig.k = 3\n"
+                   "train.EvalConfig.batch_rows = 6\n")
+  task = ScriptedTask()
+  rollout = ScriptedRollout(task)
+  model, trained = _random_model(TINY, seed=0), _random_model(TINY, seed=1)
+  calls = []
+  monkeypatch.setattr(train_lib, "train", _fake_train(nnx.state(trained, nnx.Param), rollout,
+                                                      calls))
+  exploit = {"exploit_recovery": 0.25, "exploit_recovery/echo": 0.25}
+  monkeypatch.setattr(run_lib, "_exploit_recovery", lambda task, tok: dict(exploit))
+
+  returned = run_lib._branch(str(tmp_path), model, None, task, None, 3, None)
+  assert calls == [("v2.1", 3, None)]  # no parent: trains from the model as given
+  written = json.loads((tmp_path / "branch_result.json").read_text())
+  assert written == returned == {
+      "version": "v2.1", "steps": 2, "initial": {"avg3": 0.1},
+      "final": {"avg3": 0.4, **exploit, "canary_accuracy": 0.5, "canary_n": 2.0},
+      "checkpoint": str(tmp_path / "model"), "rollouts": str(tmp_path / "rollouts"),
+      "per_problem": BRANCH_PER_PROBLEM, "series": SERIES, "canary": {"c0": 1.0, "c1": 0.0}}
+  # The test split goes beside the result, never into it.
+  test_eval = json.loads((tmp_path / "test_eval.json").read_text())
+  assert test_eval["version"] == "v2.1"
+  assert test_eval["final"] == pytest.approx(FIGURES)
+  assert test_eval["per_problem"] == pytest.approx(PER_PROBLEM)
+  # The trained parameters are saved as the branch's model.
+  assert checkpoint.read_model_metadata(tmp_path / "model") == {"version": "v2.1"}
+  restored = _random_model(TINY, seed=2)
+  checkpoint.restore_params_into(tmp_path / "model", restored)
+  for got, want in zip(*(jax.tree.leaves(nnx.state(m, nnx.Param))
+                          for m in (restored, trained))):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  # Finished before a crash of its caller: the stored result, nothing trained again.
+  monkeypatch.setattr(train_lib, "train", None)
+  assert run_lib._branch(str(tmp_path), None, None, task, None, 3, None) == written
+
