@@ -122,8 +122,9 @@ def read_code(text: str) -> tuple[Optional[str], str]:
   """
   text = text[:MAX_TEXT_CHARS]
   i = text.find("```")
-  if _holds_code(text if i == -1 else text[:i]):
-    return (text if i == -1 else text[:i]), "bare"
+  head = text if i == -1 else text[:i]
+  if _holds_code(head):
+    return head, "bare"
   if i == -1:
     return None, "none"
   while i != -1:
