@@ -10,10 +10,13 @@ import gin
 import pytest
 
 from evotrainer import registry
+from evotrainer.evolution.proposers import skill_hypotheses
+from evotrainer.evolution.search_space import SearchSpace
 from evotrainer.harness.base import Evidence
 from evotrainer.harness.validators import ExploitProbe
 from evotrainer.run import _exploit_recovery
 from evotrainer.tasks.code import CodeTask
+from evotrainer.types import Finding
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -111,3 +114,12 @@ def test_the_pretrained_code_configs_parse_and_say_what_they_run(parsed):
   assert {"ProseRate", "BrokenFence", "SyntaxErrorRate", "WrongNameRate", "RunawayLength",
           "DeadGroupRatio"} <= names(gin.query_parameter("evolve.diagnostics"))
   assert gin.query_parameter("lr/FloatKnob.high") <= 1e-4  # a pretrained model's steps
+  space = SearchSpace()
+  space.check_bindings_exist()
+  values = space.current_values()
+  assert values["Learner.learning_rate"] == 2e-5 and values["Harness.trajectory_filters"] == []
+  # Each chat-model finding has a change to try in this space.
+  found = [Finding(kind, "behaviour", 0.5, 0.5, 0.2, "") for kind in (
+      "prose_rate", "broken_fence", "syntax_error_rate", "wrong_name_rate", "runaway_length")]
+  tried = {h.finding for h in skill_hypotheses(found, values, space, None)}
+  assert tried == {f.kind for f in found}
