@@ -9,6 +9,11 @@ exactly P + N slots long (no oversized cache to attend over) and is a donated bu
 each call hands the previous call's cache back to XLA to overwrite in place.
 Stale slots are never read: the mask admits only the row's prompt and what it
 generated so far.
+
+GRPO samples G completions of each prompt, as G consecutive identical rows. The sampler
+finds such groups (`prompt_groups`) and prefills each prompt once: the prefill runs on
+B / G rows and its keys/values and last-position logits are repeated to the G rows of
+the group (the values are those of a per-row prefill; the rows then decode apart).
 """
 
 from __future__ import annotations
@@ -90,6 +95,18 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
   return PromptBatch(tokens=tokens, lengths=lengths)
 
 
+def prompt_groups(tokens: np.ndarray, lengths: np.ndarray) -> int:
+  """G when the rows `[B, P]` come in runs of G consecutive identical prompts (each run
+  exactly G long, G > 1), else 1."""
+  tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+  b = tokens.shape[0]
+  same = np.all(tokens[1:] == tokens[:-1], axis=1) & (lengths[1:] == lengths[:-1])  # [B-1]
+  starts = np.flatnonzero(np.concatenate([[True], ~same]))
+  runs = np.diff(np.append(starts, b))
+  g = int(runs[0])
+  return g if g > 1 and np.all(runs == g) else 1
+
+
 def _is_stop(ids: jax.Array, stop_ids: jax.Array) -> jax.Array:
   """ids [B], stop_ids [B, K] (padded with -1) -> [B] bool."""
   return jnp.any(ids[:, None] == stop_ids, axis=-1)
@@ -127,7 +144,7 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
            temperature: jax.Array, shift: Optional[jax.Array] = None, *,
            max_new_tokens: int, top_k: int, top_p: float, greedy: bool, pad_id: int,
            rules: Optional[Rules] = SAMPLER_RULES, vocab_limit: Optional[int] = None,
-           width: Optional[int] = None):
+           width: Optional[int] = None, group: int = 1):
   """Generates up to `max_new_tokens` per row. Pure; jit it with the keywords static.
 
   Args:
@@ -144,6 +161,8 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
     vocab_limit: ids >= this are never sampled (a model vocabulary padded past the
       tokenizer's, as in Qwen checkpoints); log-probs are normalized over the rest.
     width: with `shift`, P: the whole context's padded width (static).
+    group: G > 1: rows come in runs of G identical prompts (`prompt_groups`); the
+      prefill runs once per run and is shared by its rows (static; not with `shift`).
 
   Returns:
     (Rollouts, the cache buffer for reuse).
@@ -151,6 +170,10 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
   ctx = use_rules(rules) if rules is not None else _null()
   with ctx:
     model: Transformer = nnx.merge(graphdef, params)
+    # Weights in the compute dtype once, before the decode loop: every use casts them to
+    # it anyway (same values), and a bf16 decode step then reads half the bytes.
+    model = nnx.merge(graphdef, jax.tree.map(
+        functools.partial(_to_compute_dtype, model.config.jnp_dtype), params))
     v = model.config.vocab_size
 
     b, m = prompt_tokens.shape
@@ -178,10 +201,21 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
     positions = jnp.maximum(chunk_slots[None, :] - pad[:, None], 0)
     mask = ((keys[None, None, :] <= chunk_slots[None, :, None])
             & (keys[None, None, :] >= pad[:, None, None]))
+    if group > 1:
+      if shift is not None:
+        raise ValueError("a shared prefill (group > 1) cannot continue a prefix")
+      first_rows = lambda x: x[::group]  # one row per prompt group: [B / G, ...]
+      cache = KVCache(k=tuple(map(first_rows, cache.k)), v=tuple(map(first_rows, cache.v)))
+      prompt_tokens, positions, mask = map(first_rows, (prompt_tokens, positions, mask))
     # The last layer's queries and MLP run on the last prompt slot only.
     hidden, cache = model(prompt_tokens, positions, mask, cache=cache, cache_index=p - m,
                           query_slice=(m - 1, m))
-    logits = head(hidden)  # [B, V], last position only
+    logits = head(hidden)  # [B, V] ([B / G, V] when shared), last position only
+    if group > 1:
+      to_rows = lambda x, axes: constrain(jnp.repeat(x, group, axis=0), axes)
+      cache = KVCache(k=tuple(to_rows(x, K_CACHE_AXES) for x in cache.k),
+                      v=tuple(to_rows(x, V_CACHE_AXES) for x in cache.v))
+      logits = to_rows(logits, ("batch", "vocab"))
     rng, key = jax.random.split(rng)
     first, first_logp = select(logits, key, temperature, top_k=top_k, top_p=top_p,
                                greedy=greedy)
@@ -221,6 +255,10 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
     out = Rollouts(tokens=state.tokens, logprobs=state.logprobs, lengths=state.lengths,
                    truncated=~state.done)
     return out, state.cache
+
+
+def _to_compute_dtype(dtype, x: jax.Array) -> jax.Array:
+  return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
 
 
 # Up to this many rows, XLA:CPU decodes with `_transposed_head`.
@@ -266,12 +304,15 @@ class Sampler:
                   params=SamplingParams(max_new_tokens=64, temperature=1.0))
 
   One program is compiled per (batch size, prompt bucket, max_new_tokens, top_k, top_p,
-  greedy); `temperature`, prompts, stop ids and the key are runtime arrays.
+  greedy, prompt group size); `temperature`, prompts, stop ids and the key are runtime
+  arrays. With `share_prefill` (the default) a batch of G consecutive copies of each
+  prompt prefills each prompt once (module docstring); under a mesh only when the B / G
+  prefill rows still split evenly over its devices.
   """
 
   def __init__(self, model: Transformer, *, pad_id: int, mesh=None,
                rules: Rules = SAMPLER_RULES, max_stop_ids: int = 4,
-               vocab_limit: Optional[int] = None):
+               vocab_limit: Optional[int] = None, share_prefill: bool = True):
     self.graphdef = nnx.graphdef(model)
     self.config = model.config
     self.pad_id = int(pad_id)
@@ -279,9 +320,10 @@ class Sampler:
     self.rules = rules
     self.max_stop_ids = max_stop_ids
     self.vocab_limit = vocab_limit
+    self.share_prefill = share_prefill
     self._caches: dict = {}
     static = ("max_new_tokens", "top_k", "top_p", "greedy", "pad_id", "rules",
-              "vocab_limit", "width")
+              "vocab_limit", "width", "group")
     self._fn = jax.jit(functools.partial(sample, self.graphdef), static_argnames=static,
                        donate_argnums=(1,))
     # A continuation reads the previous call's cache into a new one of another length.
@@ -303,6 +345,15 @@ class Sampler:
     out = np.full((b, self.max_stop_ids), -1, np.int32)
     out[:, :arr.shape[1]] = arr
     return out
+
+  def _group(self, batch: PromptBatch) -> int:
+    """The prompt group size G the prefill may share (1: none)."""
+    if not self.share_prefill:
+      return 1
+    g = prompt_groups(batch.tokens, batch.lengths)
+    if self.mesh is not None and (batch.tokens.shape[0] // g) % self.mesh.size:
+      return 1
+    return g
 
   def _cache(self, b: int, s: int) -> KVCache:
     key = (b, s)
@@ -353,12 +404,13 @@ class Sampler:
       fn, cache = self._fn, self._cache(b, s)
     else:
       fn, cache = self._continue_fn, prefix.cache
+    group = self._group(batch) if prefix is None else 1
     out, cache = fn(
         params, cache, tokens, lengths, self._stop_array(stop_ids, b), rng,
         jnp.float32(sampling.temperature), shift, max_new_tokens=sampling.max_new_tokens,
         top_k=sampling.top_k, top_p=float(sampling.top_p), greedy=sampling.greedy,
         pad_id=self.pad_id, rules=self.rules, vocab_limit=self.vocab_limit,
-        width=None if prefix is None else p)
+        width=None if prefix is None else p, group=group)
     if return_cache:
       return out, cache
     self._caches[(b, s)] = cache
