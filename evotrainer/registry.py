@@ -32,6 +32,10 @@ def register_builtins() -> None:
   import evotrainer.learner.step  # noqa: F401
   import evotrainer.learner.warmstart  # noqa: F401
   import evotrainer.tasks.datasets  # noqa: F401
+  import evotrainer.evolution.escalation  # noqa: F401
+  import evotrainer.evolution.gates  # noqa: F401
+  import evotrainer.evolution.harness_evolution  # noqa: F401
+  import evotrainer.evolution.promotion  # noqa: F401
   import evotrainer.evolution.search_space  # noqa: F401
   import evotrainer.harness.diagnostics  # noqa: F401
   import evotrainer.harness.filters  # noqa: F401

@@ -117,6 +117,11 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
       continuation; every other validator always vetoes (Controller).
     command_line: what the launch's command line said (launch.py), replayed for every
       branch (None: no gin file, binding or flag); not a gin knob.
+
+  The controller's other knobs are gin knobs of its parts' configs
+  (evolution/controller.py): `VerifyConfig.alpha`, `.bootstrap_n`, `.collapse_fraction`,
+  `.learn_skills`; `EscalationConfig.escalate_after`; `HarnessEvolutionConfig.
+  gap_generations`, `.separation`, `.explain_tol`; `GateConfig.poll_s`, `.gate_timeout_s`.
   """
   from evotrainer.evolution import pod
   from evotrainer.evolution.controller import Controller, no_eval_check

@@ -9,7 +9,12 @@
   intervention.py       single-factor Interventions that render as `--gin_bindings`
   skills.py             trigger -> intervention skills, one JSON file each, with evidence
                         per domain; seed skills in seed_skills/
-  controller.py         the loop over versions (plan, train, verify, learn)
+  controller.py         the loop over versions (plan, train, verify, learn), composed of
+                        the parts below, each with its knobs in a gin-configurable config
+  results.py            its ledger I/O of trained versions (results, values, evidence)
+  proposal.py           its plan step: diagnose, propose, backtest, rank
+  promotion.py          its verify step: verdicts and promotion
+  learning.py           its learn step: learned skills
   escalation.py         its escalation after repeated rejections
   harness_evolution.py  its active diagnostics / validators, and how they evolve
   gates.py              its human gates

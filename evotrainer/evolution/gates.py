@@ -1,4 +1,4 @@
-"""Human gates of the evolution loop (`Controller(human_gated=True)`).
+"""Human gates of the evolution loop (`evolve.human_gated = True`).
 
 In human-gated mode the controller stops at each of GATES in a generation: it writes
 `<workdir>/gate.json` (what it is about to do) and waits until the `approve` file appears
@@ -10,11 +10,14 @@ relaunch never asks twice.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Optional
+
+import gin
 
 from evotrainer import atomic
 
@@ -69,41 +72,77 @@ def write_json(path: pathlib.Path, data: Any) -> None:
   atomic.write_json(path, data, indent=2, default=str)
 
 
-class HumanGates:
-  """The Controller's gate step (a mixin). Uses the host's `ledger`, `workdir`,
-  `human_gated`, `approve`, `poll_s` and `gate_timeout_s`."""
+@gin.configurable(module="evolution", denylist=["human_gated"])
+@dataclasses.dataclass(frozen=True)
+class GateConfig:
+  """Knobs of the human gates (gin: `GateConfig.poll_s`, ...; `evolve.human_gated`).
 
-  def _gate(self, stage: str, gen: int, payload: Mapping) -> None:
+  Attributes:
+    human_gated: stop at GATES for approval (set by `evolve.human_gated`).
+    poll_s: seconds between two looks for an approval.
+    gate_timeout_s: how long a gate waits (None: forever); then `GateTimeout`.
+  """
+  human_gated: bool = False
+  poll_s: float = 2.0
+  gate_timeout_s: Optional[float] = None
+
+  def __post_init__(self):
+    if not self.poll_s > 0:
+      raise ValueError(f"GateConfig.poll_s={self.poll_s}; expected > 0 seconds")
+    if self.gate_timeout_s is not None and self.gate_timeout_s < 0:
+      raise ValueError(f"GateConfig.gate_timeout_s={self.gate_timeout_s}; expected >= 0 "
+                       f"seconds or None (wait forever)")
+
+
+class HumanGates:
+  """The controller's human gates over `ledger` in run directory `workdir`.
+
+  Args:
+    config: the gate knobs (`human_gated` False: every gate passes at once).
+    ledger: the run's ledger (approvals are stored there).
+    workdir: where gate.json is written and the `approve` file is polled for.
+    approve: `(gate: dict) -> bool`, polled at a gate beside the file (None: file only).
+  """
+
+  def __init__(self, config: GateConfig, ledger: Any, workdir: pathlib.Path,
+               approve: Optional[Callable[[dict], bool]] = None):
+    self.config, self.ledger, self.workdir, self.approve = config, ledger, workdir, approve
+
+  def gate(self, stage: str, gen: int, payload: Mapping) -> None:
     """Human-gated mode: write gate.json and wait for approval (file or callable)."""
-    if not self.human_gated:
-      return
     key = f"controller/gate/{gen}/{stage}"
-    if self.ledger.get_meta(key):
+    if not self.config.human_gated or self.ledger.get_meta(key):
       return
     gate = {"stage": stage, "generation": gen, "awaiting": payload,
             "approve": f"python -m evotrainer.launch --workdir={self.workdir} "
                        f"--approve={stage} (or create {self.workdir / 'approve'})"}
-    path, flag = self.workdir / "gate.json", self.workdir / "approve"
+    path = self.workdir / "gate.json"
     write_json(path, gate)
     print(f"[evotrainer] human gate '{stage}' (generation {gen}) waits; see {path}; "
           f"approve: {gate['approve']}", flush=True)
-    start = time.time()
+    self._wait(gate, path)
+    self.ledger.set_meta(key, {"approved": True})
+    path.unlink(missing_ok=True)
+
+  def _wait(self, gate: Mapping, path: pathlib.Path) -> None:
+    """Polls until the `approve` file approves `gate` or the callable says yes."""
+    stage, gen, flag = gate["stage"], gate["generation"], self.workdir / "approve"
+    start, timeout = time.time(), self.config.gate_timeout_s
     while True:
       if flag.exists():
         ok = _approval_matches(flag, stage, gen)
         flag.unlink()
         if ok:
-          break
+          return
         print(f"[evotrainer] ignored an approval given for another gate; '{stage}' "
               f"(generation {gen}) still waits", flush=True)
       if self.approve is not None and self.approve(gate):
-        break
-      if self.gate_timeout_s is not None and time.time() - start > self.gate_timeout_s:
+        return
+      if timeout is not None and time.time() - start > timeout:
         raise GateTimeout(f"gate {stage} of generation {gen} not approved within "
-                          f"{self.gate_timeout_s}s (see {path})")
-      time.sleep(self.poll_s)
-    self.ledger.set_meta(key, {"approved": True})
-    path.unlink(missing_ok=True)
+                          f"{timeout}s (see {path})")
+      time.sleep(self.config.poll_s)
 
 
-__all__ = ["GATES", "GateError", "GateTimeout", "HumanGates", "approve_gate", "write_json"]
+__all__ = ["GATES", "GateConfig", "GateError", "GateTimeout", "HumanGates", "approve_gate",
+           "write_json"]

@@ -24,6 +24,12 @@ class Progress:
   def __init__(self, total: int, done: int = 0, enabled: bool = True):
     self.enabled = enabled
     self.bar: Optional[tqdm.tqdm] = None
+    self.restart(total, done, enabled)
+
+  def restart(self, total: int, done: int = 0, enabled: bool = True) -> None:
+    """Starts over: a new bar over `total` trainings, `done` of them finished before."""
+    self.close()
+    self.enabled = enabled
     if enabled and is_terminal():  # a log file gets the event lines only
       self.bar = tqdm.tqdm(total=total, initial=min(done, total), desc="evolve",
                            unit="branch", file=sys.stderr, dynamic_ncols=True)

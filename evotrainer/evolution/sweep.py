@@ -3,7 +3,7 @@
 A sweep file (sweep_file.py: format and checks) names variants, each a set of gin
 bindings. Every variant trains as a branch of one parent with common random numbers (the
 same seed, the same step budget), is verified like an evolution branch
-(`Controller._judge`: held-out Avg@8 against the parent with the paired bootstrap, every
+(`Promotion.judge`: held-out Avg@8 against the parent with the paired bootstrap, every
 active validator), and lands in the run's ledger: *kept* when it beats the parent beyond
 noise and passes every validator (the best kept one becomes the incumbent), *rejected*
 otherwise, with the reason. A sweep's workdir can therefore seed an evolution
@@ -28,6 +28,7 @@ from evotrainer.evolution.backtest import (HARNESS_GROUPS, HARNESS_PREFIXES,
                                            harness_backtester)
 from evotrainer.evolution.controller import Controller
 from evotrainer.evolution.ledger import ROOT, Ledger
+from evotrainer.evolution.promotion import validator_rejection
 from evotrainer.evolution.proposers import DEFAULT_CRITERION
 from evotrainer.evolution.search_space import (Intervention, SearchSpace, SearchSpaceError,
                                                _lookup, _parse_binding, current_value,
@@ -210,10 +211,9 @@ class Sweep:
     `variant` that the parent's lineage does not set."""
     c = self.c
     if parent is not None and self.ledger.has_version(parent):
-      values = c.values(parent)
+      values = c.results.values(parent)
     else:
-      values = dict(c._initial_values if c._initial_values is not None
-                    else c.space.current_values())
+      values = c.root_values()
     for b in (variant.bindings if variant else ()):
       if b not in values:
         try:
@@ -237,18 +237,18 @@ class Sweep:
     c = self.c
     parent, checkpoint = self._parent()
     check_variants(self.variants, c.space, self._values(parent), self._recorded())
-    c._ensure_harness()
+    c.harness.ensure()
     if parent is None:
       if checkpoint:
-        c._ensure_root(checkpoint, ["train.steps = 0"],
+        c.ensure_root(checkpoint, ["train.steps = 0"],
                        reason=f"root version: the model in {checkpoint}, evaluated as is")
       else:
-        c._ensure_root()
+        c.ensure_root()
       parent = ROOT
     if self.ledger.get_meta("sweep/parent") is None:
       self.ledger.set_meta("sweep/parent", {"version": parent, "checkpoint": checkpoint,
-                                            "seed": c._train_seed(1), "steps": self.steps})
-    if c.result(parent) is None:
+                                            "seed": c.train_seed(1), "steps": self.steps})
+    if c.results.result(parent) is None:
       raise SweepError(f"parent {parent} has no training result in {self.ledger.path}")
     cfg = self.ledger.get_meta("sweep/parent")
     if self.steps is not None and cfg["steps"] not in (None, self.steps):
@@ -282,9 +282,9 @@ class Sweep:
           skill=skills[0] if skills else None)
       self.ledger.add_attempt(aid, vid, parent, iv.get("id"))
       for s in skills:
-        self.ledger.add_skill_use(vid, s, did, c.domain)
-    c._train_version(vid, parent, did, aid, seed,
-                     lambda: {**c.values(parent), **v.bindings})
+        self.ledger.add_skill_use(vid, s, did, c.config.domain)
+    c.train_version(vid, parent, did, aid, seed,
+                    lambda: {**c.results.values(parent), **v.bindings})
 
   def _intervention(self, v: Variant, before: Mapping) -> dict:
     """The decision's intervention: the variant's bindings; a single binding also as an
@@ -309,7 +309,7 @@ class Sweep:
       (b, new), = v.bindings.items()
       iv = make_intervention(b, before.get(b), new)
     try:
-      return self.backtester(self.c.result(parent).rollouts, parent, dict(before),
+      return self.backtester(self.c.results.result(parent).rollouts, parent, dict(before),
                              dict(after), iv)
     except Exception as e:  # pylint: disable=broad-except  (reported, not decisive)
       return {"passed": False, "why": f"backtest raised {type(e).__name__}: {e}"}
@@ -335,22 +335,23 @@ class Sweep:
 
   def _verify(self, parent: str) -> list:
     c = self.c
-    pev = c.evidence(parent)
+    pev = c.results.evidence(parent)
     rows = []
     for i, v in enumerate(self.variants):
-      r = c.result(v.version)
+      r = c.results.result(v.version)
       x = {"variant": v, "order": i, "failed": [], "verdicts": [], "avg8": None,
            "proxy": None, "diff": None, "lo": None, "hi": None}
       if r is not None:
-        x.update(c._judge(v.version, r, parent, c.seed * 7919 + _BOOTSTRAP_SEED, pev))
+        x.update(c.promotion.judge(v.version, r, parent,
+                                    c.config.seed * 7919 + _BOOTSTRAP_SEED, pev))
       rows.append(x)
     judged = [x for x in rows if x["avg8"] is not None]
     passing = [x for x in judged if not x["failed"] and x["lo"] > 0]
     best = max(passing, key=lambda x: (x["avg8"], x["diff"], -x["order"]), default=None)
     for x in judged:
-      ci = c._ci(x, parent)
+      ci = c.promotion.ci(x, parent)
       if x["failed"]:
-        x["reason"], x["outcome"] = c._validator_rejection(x, ci), "failure"
+        x["reason"], x["outcome"] = validator_rejection(x, ci), "failure"
       elif any(x is y for y in passing):
         x["reason"] = f"kept: beats {parent} beyond noise ({ci}); validators pass" + (
             "; the best of the sweep: incumbent" if x is best else "")
@@ -361,7 +362,7 @@ class Sweep:
     for x in judged:  # skill files first (idempotent per version), then the ledger
       for vid, skill in uses:
         if vid == x["variant"].version and c.skills is not None and skill in c.skills:
-          c.skills.record_outcome(skill, c.domain, x["outcome"] == "success", version=vid)
+          c.skills.record_outcome(skill, c.config.domain, x["outcome"] == "success", version=vid)
     with self.ledger.transaction():
       for x in sorted(judged, key=lambda x: x is best):  # the promotion last
         vid = x["variant"].version
@@ -389,7 +390,7 @@ class Sweep:
       v = x["variant"]
       rec = self.ledger.version(v.version)
       d = self.ledger.decision(f"sweep-{v.name}")
-      r = self.c.result(v.version)
+      r = self.c.results.result(v.version)
       noise = None if x["lo"] is None else (x["hi"] - x["lo"]) / 2
       out.append({"rank": rank, "variant": v.name, "version": v.version,
                   "bindings": v.gin(), "status": rec.status, "heldout_avg8": x["avg8"],

@@ -348,12 +348,12 @@ def test_demotion_prunes_kept_descendants(tmp_path):
     if hack:
       r = BranchResult(**{**r.__dict__, "series": {"correct": [0.3] * 10,
                                                    "reward": [0.1 * s for s in range(10)]}})
-    c._store_result(vid, r)
+    c.results.store(vid, r)
   ledger.promote("v1.0", "kept")
   ledger.promote("v2.0", "kept")
   from evotrainer.harness.validators import run_validators
   with ledger.transaction():
-    c._recheck("h9", [ProxyTrueDisagreement()], run_validators)
+    c.harness.recheck("h9", [ProxyTrueDisagreement()], run_validators)
   assert ledger.version("v1.0").status == "rejected"
   assert ledger.version("v2.0").status == "pruned"
   assert "descends from demoted v1.0" in ledger.version("v2.0").reason

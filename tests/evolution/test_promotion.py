@@ -506,11 +506,11 @@ def test_gate_power_against_the_test_split_by_hand(tmp_path):
 
 
 def test_a_rejection_names_every_failed_validator_with_its_reason():
-  from evotrainer.evolution.promotion import Promotion
+  from evotrainer.evolution.promotion import validator_rejection
   from evotrainer.harness.base import Verdict
   failed = [Verdict("training_stability", False, 3.0, 1.0, "training_stability: fail, 3 drift"),
             Verdict("canary_prompts", False, 0.0, 0.0, "canary_prompts: fail, -0.5 below")]
-  assert Promotion._validator_rejection({"failed": failed}, "avg8 -0.3") == (
+  assert validator_rejection({"failed": failed}, "avg8 -0.3") == (
       "rejected by validator training_stability, canary_prompts: training_stability: fail, "
       "3 drift; canary_prompts: fail, -0.5 below (avg8 -0.3)")
 
