@@ -71,6 +71,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from evotrainer import infra
 from evotrainer.evolution.backtest import harness_backtester, is_harness_side
+from evotrainer.evolution.branch_result import BranchResult
 from evotrainer.evolution.escalation import (Escalation, EscalationConfig,
                                              EvaluationPipelineError, no_eval_check)
 from evotrainer.evolution.gates import (GATES, GateConfig, GateError, GateTimeout, HumanGates,
@@ -87,7 +88,7 @@ from evotrainer.evolution.results import Results, avg8
 from evotrainer.evolution.search_space import SearchSpace
 from evotrainer.evolution.skills import SkillLibrary
 from evotrainer.evolution.stats import score_label
-from evotrainer.evolution.trainer import BranchResult, Trainer
+from evotrainer.evolution.trainer import Trainer
 
 log = logging.getLogger(__name__)
 

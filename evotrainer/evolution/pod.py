@@ -49,8 +49,8 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-from evotrainer.evolution.trainer import (BranchResult, SubprocessTrainer, log_tail,
-                                          run_child)
+from evotrainer.evolution.branch_result import BranchResult
+from evotrainer.evolution.trainer import SubprocessTrainer, log_tail, run_child
 
 _PREFIX = "evotrainer/pod/"  # keys: request/<n>, status/<n>/<process>, exit/<process>
 

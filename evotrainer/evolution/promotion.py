@@ -31,7 +31,7 @@ from evotrainer.evolution.progress import Progress
 from evotrainer.evolution.proposers import Hypothesis
 from evotrainer.evolution.results import Results, avg8, proxy_reward
 from evotrainer.evolution.stats import holm, paired_test, score_label
-from evotrainer.evolution.trainer import BranchResult
+from evotrainer.evolution.branch_result import BranchResult
 
 # The decision record's intervention of a generation's control branch.
 CONTROL = {"id": "control", "control": True,

@@ -25,7 +25,7 @@ from evotrainer.evolution.ledger import VersionRecord
 from evotrainer.evolution.promotion import REFUTED
 from evotrainer.evolution.proposers import Hypothesis, propose
 from evotrainer.evolution.results import Results, avg8
-from evotrainer.evolution.trainer import BranchResult
+from evotrainer.evolution.branch_result import BranchResult
 
 
 class Proposal:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from evotrainer.evolution.ledger import ROOT, Ledger
 from evotrainer.evolution.search_space import canonical, format_value
-from evotrainer.evolution.trainer import BranchResult
+from evotrainer.evolution.branch_result import BranchResult
 
 
 def avg8(r: BranchResult) -> float:

@@ -204,6 +204,28 @@ _BATCH_DTYPES = dict(prompt_tokens=np.int32, prompt_lengths=np.int32,
                      ref_logprobs=np.float32, completion_lengths=np.int32)
 
 
+# Trimmed prompt widths are rounded up to a multiple of this (few compiled shapes).
+PROMPT_WIDTH_MULTIPLE = 16
+
+
+def trim_prompt_padding(batch: TrainBatch,
+                        multiple: int = PROMPT_WIDTH_MULTIPLE) -> TrainBatch:
+  """The batch without the leading prompt columns that are padding in every row (the
+  width kept is the longest prompt rounded up to `multiple`, at most the old width).
+
+  Why: the sampler pads prompts to a bucket (128 for 65-token chat prompts), and every
+  padding column costs the learner a full forward and backward per row. The log-probs
+  do not change: padding slots are masked out of attention and RoPE positions count
+  valid slots only (`completion_logprobs`).
+  """
+  p = batch.prompt_tokens.shape[1]
+  longest = int(np.max(np.asarray(batch.prompt_lengths)))
+  width = min(p, -(-longest // multiple) * multiple)
+  if width == p:
+    return batch
+  return batch.replace(prompt_tokens=np.asarray(batch.prompt_tokens)[:, p - width:])
+
+
 def _canonical_batch(batch: TrainBatch) -> TrainBatch:
   """Fixed dtypes, so int64 numpy input does not compile a second program."""
   fields = {}
@@ -442,7 +464,7 @@ class Learner:
     return use_rules(self.rules) if self.mesh is not None else contextlib.nullcontext()
 
   def _place(self, batch: TrainBatch) -> TrainBatch:
-    batch = _canonical_batch(batch)
+    batch = _canonical_batch(trim_prompt_padding(batch))
     if self.mesh is None:
       return jax.tree.map(jnp.asarray, batch)
     return shard_batch(batch, self.mesh, self.rules)

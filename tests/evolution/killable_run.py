@@ -13,7 +13,7 @@ import time
 from evotrainer.evolution.controller import Controller
 from evotrainer.evolution.ledger import Ledger
 from evotrainer.evolution.skills import SkillLibrary
-from evotrainer.evolution.trainer import BranchResult
+from evotrainer.evolution.branch_result import BranchResult
 from tests.evolution.test_controller import RESUME_EFFECTS, VALUES, ScriptedTrainer, space
 
 

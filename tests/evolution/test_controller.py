@@ -18,7 +18,7 @@ from evotrainer.evolution.proposers import propose
 from evotrainer.evolution.search_space import (ChoiceKnob, DictWeightKnob, FloatKnob, IntKnob,
                                                SearchSpace)
 from evotrainer.evolution.skills import SkillLibrary
-from evotrainer.evolution.trainer import BranchResult
+from evotrainer.evolution.branch_result import BranchResult
 from evotrainer.harness.validators import ProxyTrueDisagreement
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from evotrainer.evolution import stats
-from evotrainer.evolution.trainer import BranchResult
+from evotrainer.evolution.branch_result import BranchResult
 from evotrainer.report.test_split import TEST_FILE, attach_test
 from evotrainer.evolution.skills import SEED_DIR, SkillLibrary
 from tests.evolution.test_controller import (PROBLEMS, VALUES, ScriptedTrainer, changes,

@@ -3,7 +3,8 @@ result read from a copy of its directory names the copy's files."""
 
 import json
 
-from evotrainer.evolution.trainer import BranchResult, SubprocessTrainer, last_error
+from evotrainer.evolution.branch_result import BranchResult
+from evotrainer.evolution.trainer import SubprocessTrainer, last_error
 
 TRACEBACK = """$ python -m evotrainer.launch --workdir=w
 Traceback (most recent call last):

@@ -1,14 +1,15 @@
 """Partial training (`Learner.trainable_layers`): the trainable set against a hand-written
 list, no optimizer state for frozen parameters, frozen parameters bitwise unchanged by a
 step, the update of the trainable ones equal to full training's restricted to them, and
-the learner's log-probs equal to the sampler's after a partial update."""
+the learner's log-probs equal to the sampler's after a partial update; trimming the
+prompt padding common to all rows keeps the log-probs."""
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 
-from evotrainer.learner.step import Learner
+from evotrainer.learner.step import Learner, completion_logprobs, trim_prompt_padding
 from evotrainer.learner.trainable import TrainableSet
 from evotrainer.model.transformer import Transformer
 from evotrainer.sampling import Sampler, SamplingParams, left_pad
@@ -126,3 +127,15 @@ def test_learner_logprobs_equal_the_samplers_after_a_partial_update(model):
   np.testing.assert_allclose(ours, np.asarray(out.logprobs), atol=1e-5)
   # the update changed the policy's log-probs (a no-op update would pass the above too)
   assert np.abs(ours - np.asarray(learner.reference_logprobs(params, sampled, 0.8))).max() > 1e-4
+
+
+def test_trimmed_prompt_padding_keeps_the_logprobs(model):
+  b = batch(2)
+  wide = b.replace(prompt_tokens=np.pad(b.prompt_tokens, [(0, 0), (40, 0)]))  # width 46
+  trimmed = trim_prompt_padding(wide)
+  assert trimmed.prompt_tokens.shape[1] == 16  # the longest prompt (6) rounded up to 16
+  np.testing.assert_array_equal(trimmed.prompt_tokens[:, -PLEN:], b.prompt_tokens)
+  assert trim_prompt_padding(b) is b  # width 6 <= 16: nothing to trim
+  ref = completion_logprobs(model, wide)[0]
+  np.testing.assert_allclose(np.asarray(completion_logprobs(model, trimmed)[0]),
+                             np.asarray(ref), atol=1e-6)
