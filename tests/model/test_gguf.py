@@ -214,8 +214,8 @@ def test_smollm2_chat_episode_round_trip(smol):
 
 @needs_smollm2
 def test_smollm2_gin_file_describes_the_packaged_file():
-  import evotrainer.run  # noqa: F401  (registers every configurable)
-  config_lib.parse(["gin/model/smollm2-135m.gin"], finalize=False)
+  from evotrainer import registry  # registers every configurable, then parses
+  registry.parse(["gin/model/smollm2-135m.gin"], finalize=False)
   try:
     assert gin.query_parameter("policy.gguf") == "smollm2-135m-instruct"
     ours = ModelConfig(**dict(gin.get_bindings("model.ModelConfig")))
