@@ -19,6 +19,7 @@ def register_builtins() -> None:
 
   The imports (they bring in JAX) run on the first call, not when this module is imported.
   """
+  import evotrainer.eval.heldout  # noqa: F401
   import evotrainer.model.config  # noqa: F401
   import evotrainer.model.source  # noqa: F401
   import evotrainer.run  # noqa: F401

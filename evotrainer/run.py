@@ -107,7 +107,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
       trials (`branch_steps`) decide what to keep; the continuation deepens the lineage.
     mode: 'evolve', or 'sweep' (run.mode).
     task: the run's task (`run.task`, passed by `run`): its verifier and splits are
-      checked before anything trains and on every escalation (eval_check.py).
+      checked before anything trains and on every escalation (eval/pipeline_check.py).
     domain: the domain skill outcomes are recorded under ('math', 'code').
     validators: the promotion gates (None: `harness_evolution.DEFAULT_VALIDATORS`).
     diagnostics: what diagnoses each generation's incumbent, whose findings the
@@ -123,9 +123,9 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   `.learn_skills`; `EscalationConfig.escalate_after`; `HarnessEvolutionConfig.
   gap_generations`, `.separation`, `.explain_tol`; `GateConfig.poll_s`, `.gate_timeout_s`.
   """
+  from evotrainer.eval.pipeline_check import task_eval_check
   from evotrainer.evolution import pod
   from evotrainer.evolution.controller import Controller, no_eval_check
-  from evotrainer.evolution.eval_check import task_eval_check
   from evotrainer.evolution.ledger_mirror import ledger_exists, open_ledger, push_run_files
   from evotrainer.evolution.skills import SEED_DIR, SkillLibrary
   from evotrainer.evolution.sweep import gin_harness_builder
@@ -284,6 +284,7 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   else:
     from flax import nnx
 
+    from evotrainer.eval.heldout import evaluate_test_split
     from evotrainer.train import train
     result = train(workdir, task, model, tok, mesh, seed=seed, sampling=sampling)
     summary.update({k: result[k] for k in ("steps", "initial", "final", "history")})
@@ -292,8 +293,8 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
         f"{k} {i[k]:.3f} -> {f[k]:.3f}" for k in i))
     # The test split, reported only: the warm start (the model's own parameters are
     # untouched by training) and the trained policy, with the same keys.
-    ti, _ = test_evaluation(result["rollout"], nnx.state(model), task)
-    tf, tper = test_evaluation(result["rollout"], result["state"].params, task)
+    ti, _ = evaluate_test_split(result["rollout"], nnx.state(model), task)
+    tf, tper = evaluate_test_split(result["rollout"], result["state"].params, task)
     if tf:
       summary["test"] = {"initial": ti, "final": tf, "per_problem": tper}
       _print("[evotrainer] test before -> after RL: " + ", ".join(
@@ -310,8 +311,8 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
 def _check_task(task, tok, config, sampling, train_problems) -> None:
   """Before any training: the splits the run reads are large enough, and every prompt
   it can see fits the model's positions with the completion budget (tasks/checks.py)."""
+  from evotrainer.eval.heldout import EvalConfig
   from evotrainer.tasks.checks import check_prompt_lengths
-  from evotrainer.train import EvalConfig
   ev = EvalConfig()
   problems = [*getattr(task, "data_problems", list)(), *train_problems,
               *task.heldout_problems(ev.num_problems, split="validation")]
@@ -348,58 +349,13 @@ def _sample(model, tok, task, mesh, seed, num_problems, samples_per_problem, sam
           "mean_length": float(gen.lengths.mean())}
 
 
-def test_evaluation(rollout, params, task, eval_config=None) -> tuple[dict, dict]:
-  """Figures and {task_id: mean correct} on the test split (`EvalConfig.num_test`
-  problems, the evaluation's fixed keys); ({}, {}) when `num_test` is 0.
-
-  The test split is reported only: its figures go to summaries and `test_eval.json`,
-  never to a branch result, the rollout store or anything the controller reads.
-  """
-  from evotrainer.train import EvalConfig, evaluate
-  cfg = eval_config or EvalConfig()
-  if cfg.num_test <= 0:
-    return {}, {}
-  problems = task.heldout_problems(cfg.num_test, split="test")
-  figures, episodes = evaluate(rollout, params, problems, cfg, cfg.key(), split="test",
-                               num_problems=len(problems))
-  return figures, _per_problem(episodes)
-
-
-def canary_evaluation(rollout, params, task, eval_config=None) -> tuple[dict, dict]:
-  """Greedy accuracy on the task's canaries (`canary_problems`, known answers shipped as
-  data: tasks/canaries.py), each checked by the task's strict verifier against the
-  file's answer, never by the reward: ({'canary_accuracy', 'canary_n'}, {canary id: 0/1});
-  ({}, {}) for a task without canaries."""
-  from evotrainer.sampling import SamplingParams
-  from evotrainer.train import EvalConfig
-  canaries = getattr(task, "canary_problems", list)()
-  if not canaries:
-    return {}, {}
-  cfg = eval_config or EvalConfig()
-  sp = SamplingParams(max_new_tokens=cfg.max_new_tokens, greedy=True)
-  correct = {}
-  for i in range(0, len(canaries), cfg.batch_rows):
-    chunk = canaries[i:i + cfg.batch_rows]
-    gen = rollout(params, chunk, 1, cfg.key(), sp, pad_rows_to=cfg.batch_rows)
-    for p, text in zip(chunk, gen.texts):
-      correct[p.id] = float(task.strict_verify(p.answer, text))
-  return ({"canary_accuracy": sum(correct.values()) / len(correct),
-           "canary_n": float(len(correct))}, correct)
-
-
-def _per_problem(episodes) -> dict:
-  """{task_id: mean correctness over its samples}: what a paired comparison reads."""
-  out: dict = {}
-  for ep in episodes:
-    out.setdefault(ep.task_id, []).append(float(ep.reward_parts.get("correct", 0.0)))
-  return {k: sum(v) / len(v) for k, v in sorted(out.items())}
-
-
 def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
   """Trains one branch from its parent; returns (and writes) branch_result.json."""
   from flax import nnx
 
   from evotrainer import checkpoint
+  from evotrainer.eval.heldout import canary_evaluation, evaluate_test_split
+  from evotrainer.eval.test_scores import write_test_scores
   from evotrainer.rollouts.store import RolloutStore
   from evotrainer.sharding.multihost import is_primary
   from evotrainer.train import train
@@ -425,12 +381,11 @@ def _branch(workdir, model, tok, task, mesh, seed, sampling) -> dict:
   canary_figures, canary = canary_evaluation(out["rollout"], out["state"].params, task)
   result.final.update(canary_figures)
   result.canary.update(canary)
-  figures, per_problem = test_evaluation(out["rollout"], out["state"].params, task)
+  figures, per_problem = evaluate_test_split(out["rollout"], out["state"].params, task)
   if not is_primary():  # process 0 writes the files of a multi-process branch
     return result.to_json()
   if figures:  # beside the result, never in it: the controller reads branch_result.json
-    _write_json(pathlib.Path(workdir) / "test_eval.json",
-                {"version": cfg["version"], "final": figures, "per_problem": per_problem})
+    write_test_scores(workdir, cfg["version"], figures, per_problem)
   _write_json(result_path, result.to_json())
   return result.to_json()
 
@@ -465,6 +420,7 @@ def _branch_result(workdir, version, out, model_dir, store) -> BranchResult:
   """What the controller reads back: held-out figures with the per-problem scores a
   paired bootstrap needs, the training series (`_SERIES`: BC, proxy reward, entropy,
   length, truncation, clip fraction per step; None where a step lacks one), paths."""
+  from evotrainer.eval.heldout import per_problem
   steps = store.steps(version, "heldout")
   final = store.read(version=version, step=steps[-1], split="heldout") if steps else []
   series: dict = {k: [] for k in _SERIES}
@@ -479,4 +435,4 @@ def _branch_result(workdir, version, out, model_dir, store) -> BranchResult:
   return BranchResult(version=version, steps=out["steps"], initial=out["initial"],
                       final=out["final"], checkpoint=model_dir,
                       rollouts=str(pathlib.Path(workdir) / "rollouts"),
-                      per_problem=_per_problem(final), series=series)
+                      per_problem=per_problem(final), series=series)

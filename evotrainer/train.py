@@ -30,12 +30,12 @@ from flax import nnx
 from evotrainer import atomic, paths
 from evotrainer.checkpoint import Checkpoints
 from evotrainer.console import progress_bar
+from evotrainer.eval.heldout import EvalConfig, evaluate
 from evotrainer.harness.diagnostics import run_diagnostics
 from evotrainer.harness.pipeline import Harness
 from evotrainer.learner.step import Learner, TrainState
 from evotrainer.rollouts.generation import merge
 from evotrainer.rollouts.multiturn import rollout_for
-from evotrainer.rollouts.single_turn import Rollout
 from evotrainer.rollouts.store import RolloutStore
 from evotrainer.sampling import Sampler, SamplingParams
 from evotrainer.sharding.mesh import state_shardings
@@ -50,61 +50,6 @@ log = logging.getLogger(__name__)
 def data_seed(seed: int, step: int) -> int:
   """Seed of the prompts of `step` (the data position is the step number)."""
   return (seed * 1_000_003 + step) % (2**31 - 1)
-
-
-@gin.configurable(module="train")
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-  """Held-out evaluation: Avg@k and pass@k at `temperature`, plus greedy accuracy.
-
-  `num_problems` validation problems are evaluated every `train.eval_every` steps (what
-  every evolution decision reads); `num_test` test problems only at the end of a `train`
-  or `branch` run (reported, never selected on). The sampling key depends on `seed`
-  only, never on the run seed: every version is evaluated with the same keys on the same
-  problems (common random numbers), so a child and its parent are compared paired.
-  """
-
-  num_problems: int = 64
-  k: int = 8
-  temperature: float = 1.0
-  max_new_tokens: int = 32
-  batch_rows: int = 256
-  num_test: int = 0
-  seed: int = 0
-
-  def key(self) -> jax.Array:
-    return jax.random.key(self.seed + 7919)
-
-
-def evaluate(rollout: Rollout, params, heldout: Sequence, cfg: EvalConfig,
-             key: jax.Array, *, version: str = "v0", step: int = 0,
-             num_problems: Optional[int] = None,
-             split: str = "heldout") -> tuple[dict, list]:
-  """Held-out figures {'avg{k}', 'pass{k}', 'greedy', 'format'} and the sampled episodes
-  over the first `num_problems` (default `cfg.num_problems`) of `heldout`."""
-  problems = list(heldout[:cfg.num_problems if num_problems is None else num_problems])
-  per = max(1, cfg.batch_rows // cfg.k)
-  correct, fmt, episodes = [], [], []
-  sp = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
-  for i in range(0, len(problems), per):
-    chunk = problems[i:i + per]
-    gen = rollout(params, chunk, cfg.k, jax.random.fold_in(key, i), sp,
-                  pad_rows_to=per * cfg.k)
-    correct.append(gen.part("correct").reshape(len(chunk), cfg.k))
-    fmt.append(gen.part("format"))
-    episodes += gen.episodes(rollout.task, version=version, step=step, split=split,
-                             group=cfg.k, first_row=len(episodes))
-  correct = np.concatenate(correct)
-  greedy = []
-  gp = SamplingParams(max_new_tokens=cfg.max_new_tokens, greedy=True)
-  for i in range(0, len(problems), cfg.batch_rows):
-    chunk = problems[i:i + cfg.batch_rows]
-    gen = rollout(params, chunk, 1, key, gp, pad_rows_to=cfg.batch_rows)
-    greedy.append(gen.part("correct"))
-  k = cfg.k
-  return ({f"avg{k}": float(correct.mean()), f"pass{k}": float(correct.max(axis=1).mean()),
-           "greedy": float(np.concatenate(greedy).mean()),
-           "format": float(np.concatenate(fmt).mean())}, episodes)
 
 
 class Background:

@@ -486,7 +486,7 @@ class Controller:
   def write_summary(self, extra: Optional[Mapping] = None) -> pathlib.Path:
     """summary.json (`summary()` updated with `extra`), and report.html regenerated beside
     it (a report that fails to render is logged, never the end of the run)."""
-    from evotrainer.report.test_split import attach_test, gate_power
+    from evotrainer.eval.test_scores import attach_test, gate_power
     path = self.workdir / "summary.json"
     # Test scores join the summary here, after every decision, and nowhere else.
     summary = attach_test({**self.summary(), **(extra or {})}, self.workdir)

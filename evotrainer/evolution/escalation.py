@@ -2,7 +2,7 @@
 
 After `escalate_after` consecutive rejections the controller re-validates the evaluation
 pipeline (`eval_check`, the domain's verifier and splits, and the repeatability of every
-stored re-evaluation: eval_check.py; a failure stops the run with
+stored re-evaluation: eval/pipeline_check.py; a failure stops the run with
 `EvaluationPipelineError`), puts the
 groups that just failed last, and prefers a subtraction; a second escalation on the same
 incumbent also rolls back to its last good ancestor. Each escalation is a decision in the
@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import gin
 
-from evotrainer.evolution.eval_check import repeatability
+from evotrainer.eval.pipeline_check import repeatability
 from evotrainer.evolution.ledger import GOOD
 from evotrainer.evolution.results import Results
 from evotrainer.evolution.search_space import Intervention
@@ -75,7 +75,7 @@ class Escalation:
 
   def pipeline_check(self) -> tuple[bool, str]:
     """`eval_check` (the domain's verifier and splits) and the repeatability of every
-    stored re-evaluation of a parent (eval_check.py)."""
+    stored re-evaluation of a parent (eval/pipeline_check.py)."""
     ok, why = self.eval_check()
     pairs = []
     for v in self.ledger.versions():

@@ -342,7 +342,8 @@ class CanaryPrompts:
 
   Which figure is judged, in order:
   1. `evidence.heldout['canary_accuracy']`, when the evaluator reports it (every math
-     version is scored greedily on its task's canaries: `run.canary_evaluation`), with
+     version is scored greedily on its task's canaries:
+     `eval.heldout.canary_evaluation`), with
      `heldout['canary_correct']` {canary id: 0/1} for the paired comparison;
   2. else it is computed from the episodes that are canaries: `info['canary']` is true,
      or the prompt contains one of `canaries`' prompts. The known answer is that

@@ -30,10 +30,10 @@ import time
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from evotrainer import atomic
+from evotrainer.eval.test_scores import read_test_scores
 from evotrainer.evolution.ledger import Ledger, VersionRecord
 from evotrainer.evolution.stats import score_label
 from evotrainer.harness.base import printable
-from evotrainer.report.test_split import read_test_scores
 
 REPORT_NAME = "report.html"
 MAX_FILE_FINDINGS = 20  # training-time findings shown per version (the file can be long)

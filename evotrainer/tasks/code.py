@@ -524,7 +524,7 @@ class CodeTask:
 
   def probe_completions(self, problems: Sequence[Problem]) -> list[tuple]:
     """(problem, completion, is_correct) probes for the evaluation pipeline's check
-    (evolution/eval_check.py): each reference, and a program that runs but answers
+    (eval/pipeline_check.py): each reference, and a program that runs but answers
     wrong."""
     return [case for p in problems
             for case in ((p, p.solution, True), (p, self.exploit_completions(p)["wrong"], False))]

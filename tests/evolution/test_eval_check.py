@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from evotrainer.eval.pipeline_check import math_probes, repeatability, task_eval_check
 from evotrainer.evolution.controller import EvaluationPipelineError
-from evotrainer.evolution.eval_check import math_probes, repeatability, task_eval_check
 from evotrainer.tasks.math import MathTask
 from tests.evolution.test_controller import REPO, ScriptedTrainer, make
 from tests.user_components import AcceptAllVerifier

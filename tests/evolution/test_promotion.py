@@ -10,9 +10,9 @@ import random
 
 import pytest
 
+from evotrainer.eval.test_scores import TEST_FILE, attach_test
 from evotrainer.evolution import stats
 from evotrainer.evolution.branch_result import BranchResult
-from evotrainer.report.test_split import TEST_FILE, attach_test
 from evotrainer.evolution.skills import SEED_DIR, SkillLibrary
 from tests.evolution.test_controller import (PROBLEMS, VALUES, ScriptedTrainer, changes,
                                              make)
@@ -366,7 +366,7 @@ def test_the_controller_never_reads_the_test_split(tmp_path):
     assert "test_eval" not in text and TEST_FILE not in text, path
     tree = ast.parse(text)
     users = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-             and n.module == "evotrainer.report.test_split"]
+             and n.module == "evotrainer.eval.test_scores"]
     if path.name == "controller.py":
       fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
                 and n.name == "write_summary")

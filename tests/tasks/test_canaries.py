@@ -77,7 +77,7 @@ class _EchoRollout:
 
 
 def test_canary_evaluation_is_greedy_and_strict(tmp_path):
-  from evotrainer.run import canary_evaluation
+  from evotrainer.eval.heldout import canary_evaluation
   task = MathTask(sources=["tiny_arithmetic"], difficulty=1)
   rows = task.canary_problems()
   # right in tags for even rows; odd rows give the right number untagged (lenient

@@ -339,7 +339,7 @@ def test_stop_reason_order():
 
 
 def test_the_evaluation_pipeline_check_passes_on_code_and_catches_a_lenient_verifier(task):
-  from evotrainer.evolution.eval_check import task_eval_check
+  from evotrainer.eval.pipeline_check import task_eval_check
   ok, why = task_eval_check(task, probes=6, train_draws=300)()
   assert ok, why
   cases = task.probe_completions(task.heldout_problems(2))

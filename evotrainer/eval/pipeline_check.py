@@ -1,5 +1,5 @@
 """The evaluation pipeline's own check: run before an evolution trains anything and again
-on every escalation (escalation.py). A failure stops the run with
+on every escalation (evolution/escalation.py). A failure stops the run with
 `EvaluationPipelineError`: promotion statistics over a broken pipeline are meaningless.
 
 `task_eval_check(task)` checks the domain's side, in the controller process (no JAX):
@@ -9,8 +9,8 @@ on every escalation (escalation.py). A failure stops the run with
                same solution with its tagged answer replaced by gold + 1).
   splits       train, validation and test are disjoint by normalized prompt (the whole
                validation and test sets against `train_draws` training draws).
-The controller adds `repeatability` (controller.py): a branch's evaluation of its parent
-at step 0, in another process, must equal the parent's own final evaluation.
+The controller adds `repeatability` (evolution/controller.py): a branch's evaluation of
+its parent at step 0, in another process, must equal the parent's own final evaluation.
 """
 
 from __future__ import annotations

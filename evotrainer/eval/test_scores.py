@@ -1,9 +1,10 @@
 """Test-split scores of a run's versions: read for reports only.
 
-A `branch` run writes its test figures to `versions/<id>/test_eval.json`, beside (never
-inside) the `branch_result.json` the controller reads; only the summary and the report
-read them back, through this module, after the controller's decisions. The evolution
-package never imports it (tests/evolution/test_test_split.py checks both).
+A `branch` run writes its test figures to `versions/<id>/test_eval.json`
+(`write_test_scores`), beside (never inside) the `branch_result.json` the controller
+reads; only the summary and the report read them back, through this module, after the
+controller's decisions. The evolution package never imports it but for the summary
+writer (tests/evolution/test_promotion.py checks both).
 """
 
 from __future__ import annotations
@@ -14,7 +15,17 @@ import os
 import pathlib
 from typing import Mapping, Optional
 
+from evotrainer import paths
+
 TEST_FILE = "test_eval.json"
+
+
+def write_test_scores(directory: str | os.PathLike, version: str, figures: dict,
+                      per_problem: dict) -> None:
+  """Writes a branch's test figures and {task_id: mean correct} to
+  `<directory>/test_eval.json` (atomically), the file `read_test_scores` reads back."""
+  record = {"version": version, "final": figures, "per_problem": per_problem}
+  paths.write_atomic(pathlib.Path(directory) / TEST_FILE, json.dumps(record, indent=2) + "\n")
 
 
 def read_test_scores(workdir: str | os.PathLike) -> dict:
@@ -99,4 +110,4 @@ def gate_power(ledger, workdir: str | os.PathLike, n: int = 2000, alpha: float =
           "false_acceptance_rate": rate(sum(r["kept"] for r in others), len(others))}
 
 
-__all__ = ["TEST_FILE", "attach_test", "gate_power", "read_test_scores"]
+__all__ = ["TEST_FILE", "attach_test", "gate_power", "read_test_scores", "write_test_scores"]
