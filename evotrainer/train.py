@@ -16,8 +16,6 @@ import functools
 import json
 import logging
 import os
-import sys
-import threading
 import time
 from typing import Callable, Optional, Sequence
 
@@ -27,13 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from evotrainer import atomic, paths
+from evotrainer import paths
+from evotrainer.background import Background
 from evotrainer.checkpoint import Checkpoints
 from evotrainer.console import progress_bar
 from evotrainer.eval.heldout import EvalConfig, evaluate
 from evotrainer.harness.diagnostics import run_diagnostics
 from evotrainer.harness.pipeline import Harness
 from evotrainer.learner.step import Learner, TrainState
+from evotrainer.metric_writer import MetricWriter, NoWriter
 from evotrainer.rollouts.generation import merge
 from evotrainer.rollouts.multiturn import rollout_for
 from evotrainer.rollouts.store import RolloutStore
@@ -50,133 +50,6 @@ log = logging.getLogger(__name__)
 def data_seed(seed: int, step: int) -> int:
   """Seed of the prompts of `step` (the data position is the step number)."""
   return (seed * 1_000_003 + step) % (2**31 - 1)
-
-
-class Background:
-  """One worker thread for host-side bookkeeping that the next RL step need not wait for
-  (diagnostics, the rollout store): it overlaps with the jitted step, which releases the
-  GIL. `flush()` waits for everything queued and re-raises the first error; the trainer
-  flushes before every checkpoint, so a checkpointed step always has its rollouts."""
-
-  def __init__(self):
-    import queue
-    self._queue = queue.Queue()
-    self._error: Optional[BaseException] = None
-    self._thread = threading.Thread(target=self._work, daemon=True, name="train-background")
-    self._thread.start()
-
-  def _work(self) -> None:
-    while True:
-      fn = self._queue.get()
-      try:
-        if self._error is None:
-          fn()
-      except BaseException as e:  # surfaced by flush()
-        self._error = e
-      finally:
-        self._queue.task_done()
-
-  def submit(self, fn: Callable[[], None]) -> None:
-    if self._error is not None:
-      self.flush()
-    self._queue.put(fn)
-
-  def flush(self) -> None:
-    self._queue.join()
-    if self._error is not None:
-      error, self._error = self._error, None
-      raise RuntimeError(f"background bookkeeping failed: {error}") from error
-
-
-def _tensorboard_writer_class() -> type:
-  """tensorboardX's `SummaryWriter`, imported without importing torch.
-
-  tensorboardX's writer module imports torch whenever it is installed (the test extra
-  installs it), only to accept torch tensors; this writer logs Python numbers. That
-  import costs 2-3 s of CPU in every process that trains, i.e. every branch of an
-  evolution, so torch is hidden while tensorboardX is imported (unless something already
-  imported it) and visible again right after: a later `import torch` works as usual.
-  """
-  hide = "torch" not in sys.modules
-  if hide:
-    sys.modules["torch"] = None  # `import torch` raises ImportError while this is set
-  try:
-    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-  finally:
-    if hide and "torch" in sys.modules and sys.modules["torch"] is None:
-      del sys.modules["torch"]
-  return SummaryWriter
-
-
-class MetricWriter:
-  """Metrics as JSON lines (`metrics.jsonl`), findings (`findings.jsonl`) and TensorBoard
-  event files (thread-safe). In a `gs://` workdir they are appended to in its local mirror
-  and uploaded whole (evotrainer/paths.py): throttled on `write`, at once on `sync`."""
-
-  _LOGS = ("metrics.jsonl", "findings.jsonl", "tensorboard")
-
-  def __init__(self, workdir: str):
-    self._lock = threading.Lock()
-    self._mirror = paths.Mirror(workdir)
-    for name in self._LOGS[:2]:  # on a restart the mirror starts as the workdir's copy
-      self._mirror.fetch(name)
-    self._mirror.clear("tensorboard")
-    self.path = str(self._mirror.local("metrics.jsonl"))
-    self.findings_path = str(self._mirror.local("findings.jsonl"))
-    try:
-      self.tb = _tensorboard_writer_class()(str(self._mirror.local("tensorboard")))
-    except ImportError:  # optional: JSON lines are the record
-      self.tb = None
-
-  def write(self, step: int, metrics: dict) -> None:
-    # NaN (e.g. a correlation over constant rewards) is written as null: strict JSON.
-    clean = {k: (None if isinstance(v, float) and not np.isfinite(v) else v)
-             for k, v in metrics.items()}
-    with self._lock:
-      with open(self.path, "a") as f:
-        f.write(json.dumps({"step": step, **clean}) + "\n")
-      if self.tb is not None:
-        for k, v in clean.items():
-          if isinstance(v, (int, float)):
-            self.tb.add_scalar(k, v, step)
-        self.tb.flush()
-      self._mirror.push(*self._LOGS, throttle=True)
-
-  def write_findings(self, step: int, findings: Sequence) -> None:
-    if not findings:
-      return
-    with self._lock:
-      with open(self.findings_path, "a") as f:
-        for x in findings:
-          f.write(json.dumps({"step": step, **dataclasses.asdict(x)}, default=str) + "\n")
-
-  def truncate_after(self, step: int) -> None:
-    """Drops metrics and findings logged after `step` (work redone after a resume is not
-    duplicated)."""
-    with self._lock:
-      truncate_jsonl(self.path, step)
-      truncate_jsonl(self.findings_path, step)
-      self._mirror.push(*self._LOGS)
-
-  def sync(self) -> None:
-    """Uploads the logs of a `gs://` workdir now (before a checkpoint, at the end)."""
-    with self._lock:
-      self._mirror.push(*self._LOGS)
-
-
-def truncate_jsonl(path: str, step: int) -> None:
-  """Keeps the lines of a JSON-lines log with `step <= step` (and drops a torn last line)."""
-  if not os.path.exists(path):
-    return
-  keep = []
-  with open(path) as f:
-    for line in f:
-      try:
-        if json.loads(line)["step"] <= step:
-          keep.append(line if line.endswith("\n") else line + "\n")
-      except (ValueError, KeyError):  # a line cut by a crash
-        continue
-  atomic.write_text(path, "".join(keep))
 
 
 @gin.configurable(module="train")
@@ -258,7 +131,7 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
   eval_key = eval_config.key()
   # Process 0 writes the run's files; the others log their step lines only.
   primary = is_primary()
-  writer = MetricWriter(workdir) if primary else _NoWriter()
+  writer = MetricWriter(workdir) if primary else NoWriter()
   store = (RolloutStore(os.path.join(workdir, "rollouts"))
            if store_rollouts and primary else None)
   ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), max_to_keep=max_to_keep)
@@ -416,22 +289,6 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
 # learner's global reductions, so a wrong gather or placement shows in them.
 _AGREED = ("reward", "correct", "length_mean", "learner/loss", "learner/pg_loss",
            "learner/grad_norm", "learner/entropy", "learner/approx_kl")
-
-
-class _NoWriter:
-  """The MetricWriter of processes other than 0: they write no files."""
-
-  def write(self, step: int, metrics: dict) -> None:
-    del step, metrics
-
-  def write_findings(self, step: int, findings: Sequence) -> None:
-    del step, findings
-
-  def truncate_after(self, step: int) -> None:
-    del step
-
-  def sync(self) -> None:
-    pass
 
 
 def _behaviour_logprobs(learner: Learner, state: TrainState, batch: TrainBatch, hp,

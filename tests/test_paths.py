@@ -297,7 +297,7 @@ def test_evolve_into_a_gs_workdir_and_resume_on_another_host(tmp_path, launch_ca
 
 
 def test_metric_writer_on_gs_truncates_and_uploads(gcs, tmp_path):
-  from evotrainer.train import MetricWriter
+  from evotrainer.metric_writer import MetricWriter
   from evotrainer.types import Finding
   gin.bind_parameter("workdir_mirror.sync_every_s", 3600.0)
   writer = MetricWriter("gs://b/run")
