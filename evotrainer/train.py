@@ -167,7 +167,7 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
     print(f"[train] initial held-out: {_fmt(initial)}", flush=True)
 
   # The learner's log-probs are those of the distribution the sampler drew from.
-  hp = learner.hparams(temperature=1.0 if sampling.greedy else sampling.temperature)
+  hp = learner.hparams(temperature=sampling.logprob_temperature)
   # The KL term's frozen reference: the policy this segment started from.
   ref_params = (jax.tree.map(jnp.copy, state.params) if learner.kl_coef > 0 else None)
   base_key = jax.random.key(seed)

@@ -63,6 +63,10 @@ log = logging.getLogger(__name__)
 # Bumped whenever the training recipe changes, so that old cache entries are not reused.
 _RECIPE_VERSION = 1
 _DEFAULT_CACHE_DIR = "~/.cache/evotrainer/warmstart"
+# The temperature the stop checks (`target_accuracy`, `target_validity`) sample at: the
+# model's own distribution, which is also what RL samples from by default
+# (`SamplingParams.temperature`), so a target is met by the policy RL starts from.
+CHECK_TEMPERATURE = 1.0
 
 
 # ------------------------------------------------------------------ data
@@ -387,16 +391,16 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
     mesh, rules: where the batch goes; the parameters stay where they are.
     max_problems: distinct problems drawn at most (`steps * batch_size` is cycled
       through them), which bounds generation time for slow sources.
-    target_accuracy: stop as soon as the policy, sampled at temperature 1.0, solves this
-      share of `check_problems` *training* problems (never held-out ones), checked every
-      `check_every` steps; `steps` is then the cap. Where the model "gets" a task is
+    target_accuracy: stop as soon as the policy, sampled at `CHECK_TEMPERATURE`, solves
+      this share of `check_problems` *training* problems (never held-out ones), checked
+      every `check_every` steps; `steps` is then the cap. Where the model "gets" a task is
       abrupt and differs between seeds, so a fixed step count gives anything from 5% to
       75%; a target gives every seed the same starting point, with room left for RL.
     check_every, check_problems: see `target_accuracy` and `target_validity`.
     target_validity: the multi-turn counterpart of `target_accuracy` (a task with
       `solution_segments` and `call_parses(turn)`): stop as soon as this share of first
-      turns, sampled at temperature 1.0 on `check_problems` training problems, parse as
-      a tool call, checked every `check_every` steps. A syntax check, not a solve: the
+      turns, sampled at `CHECK_TEMPERATURE` on `check_problems` training problems, parse
+      as a tool call, checked every `check_every` steps. A syntax check, not a solve: the
       first turn is what a policy must get right before any episode goes anywhere.
     bucket_width: None: every batch pads to the longest prompt plus the longest
       solution of all rows (the layout of a rollout). A token count: each row's prompt
@@ -522,7 +526,7 @@ def _sampled_stop(model: Transformer, tokenizer: Tokenizer, task: Any,
                   mesh: Optional[Mesh], record: list, max_new_tokens: int,
                   score: Callable[[Sequence[Problem], list[str]], list[float]], name: str
                   ) -> Callable[[nnx.State], bool]:
-  """A `stop(params)` that samples one completion per problem at temperature 1.0 (at
+  """A `stop(params)` that samples one completion per problem at `CHECK_TEMPERATURE` (at
   most `max_new_tokens`) and stops when the mean of `score(problems, texts)` reaches
   `target`; each check is appended to `record` as {"check", name}."""
   from evotrainer.sampling import Sampler, SamplingParams, left_pad
@@ -531,7 +535,7 @@ def _sampled_stop(model: Transformer, tokenizer: Tokenizer, task: Any,
   sampler = Sampler(model, pad_id=tokenizer.pad_id, mesh=mesh, vocab_limit=vocab_limit)
   batch = left_pad([tokenizer.encode(task.format_prompt(p), add_bos=True) for p in problems],
                    tokenizer.pad_id)
-  sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
+  sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=CHECK_TEMPERATURE)
   calls = [0]
 
   def stop(params: nnx.State) -> bool:

@@ -58,6 +58,13 @@ class SamplingParams:
     if not 0 < self.top_p <= 1:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
+  @property
+  def logprob_temperature(self) -> float:
+    """The temperature T of the log-probs the sampler reports, log_softmax(logits / T),
+    which a learner must recompute at the same T: `temperature`, or 1 when greedy
+    (greedy decoding reports the model's own log-probs: `strategies.select`)."""
+    return 1.0 if self.greedy else self.temperature
+
 
 @flax.struct.dataclass
 class DecodeState:

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from evotrainer.sampling import strategies
+from evotrainer.learner import warmstart
+from evotrainer.sampling import SamplingParams, strategies
 from evotrainer.sampling.strategies import NEG, select, top_k_mask, top_p_mask
 
 
@@ -92,3 +93,32 @@ def test_order_key_preserves_float_order():
   assert keys[5] == keys[6]  # -0.0 and +0.0 share a key
   back = np.asarray(strategies._from_order_key(jnp.asarray(keys.astype(np.uint32))))
   np.testing.assert_array_equal(back[vals != 0], vals[vals != 0])
+
+
+@pytest.mark.parametrize("params, want", [
+    (SamplingParams(), 1.0),
+    (SamplingParams(temperature=0.7), 0.7),
+    (SamplingParams(temperature=1.3, top_k=5, top_p=0.9), 1.3),
+    (SamplingParams(temperature=0.7, greedy=True), 1.0),
+    (SamplingParams(temperature=0.0, greedy=True), 1.0),
+])
+def test_logprob_temperature_by_hand(params, want):
+  """The temperature a learner recomputes the sampler's log-probs at: the sampling
+  temperature, or 1 when greedy (whatever `temperature` says)."""
+  assert params.logprob_temperature == want
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_select_reports_log_probs_at_the_logprob_temperature(greedy):
+  """What `select` returns is log_softmax(logits / logprob_temperature) of the chosen id
+  (numpy, float64), for a sampled and a greedy choice at temperature 0.5."""
+  params = SamplingParams(temperature=0.5, greedy=greedy)
+  x = _logits(16, 96, seed=3)
+  ids, logp = select(jnp.asarray(x), jax.random.key(1), jnp.float32(params.temperature),
+                     greedy=params.greedy)
+  want = _np_log_softmax(x / params.logprob_temperature)[np.arange(len(x)), np.asarray(ids)]
+  np.testing.assert_allclose(np.asarray(logp), want, atol=1e-5)
+
+
+def test_warm_start_checks_sample_at_the_rl_default_temperature():
+  assert warmstart.CHECK_TEMPERATURE == SamplingParams().temperature == 1.0
