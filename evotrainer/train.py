@@ -1,7 +1,12 @@
 """One training segment, read top to bottom as one RL step:
 
-  prompts -> sample G completions each -> score (task verifier) -> rewards ->
-  group advantages -> learner update -> (every k steps) held-out eval -> checkpoint.
+  prompts -> sample G completions each -> score (task verifier) -> harness (rewards,
+  filters, group advantages) -> learner update -> (every k steps) held-out evaluation ->
+  checkpoint.
+
+`train` is that loop; each step is a helper below, named for it. What a segment wires
+together once is a `_Segment`; what the loop carries from step to step is a `_Progress`.
+Evaluation lives in evotrainer/eval/, the logs in metric_writer.py.
 
 Everything random in step s is a function of (seed, s): the prompts are
 `task.train_problems(n, seed=data_seed(seed, s))` and the sampling key is
@@ -17,7 +22,7 @@ import json
 import logging
 import os
 import time
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import gin
 import jax
@@ -31,10 +36,10 @@ from evotrainer.checkpoint import Checkpoints
 from evotrainer.console import progress_bar
 from evotrainer.eval.heldout import EvalConfig, evaluate
 from evotrainer.harness.diagnostics import run_diagnostics
-from evotrainer.harness.pipeline import Harness
-from evotrainer.learner.step import Learner, TrainState
+from evotrainer.harness.pipeline import Harness, HarnessOutput
+from evotrainer.learner.step import Learner, StepHParams, TrainState
 from evotrainer.metric_writer import MetricWriter, NoWriter
-from evotrainer.rollouts.generation import merge
+from evotrainer.rollouts.generation import Generation, merge
 from evotrainer.rollouts.multiturn import rollout_for
 from evotrainer.rollouts.store import RolloutStore
 from evotrainer.sampling import Sampler, SamplingParams
@@ -111,177 +116,54 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
     the final train state, the `Rollout` (its compiled sampler serves a test evaluation),
     and the share of step time spent in the harness and diagnostics.
   """
-  if steps < 0 or prompts_per_step < 1 or group_size < 2:
-    raise ValueError("train: steps >= 0, prompts_per_step >= 1 and group_size >= 2 "
-                     f"(got {steps}, {prompts_per_step}, {group_size})")
-  harness = harness if harness is not None else Harness()
-  diagnostics = list(diagnostics or [])
-  sampling = sampling or SamplingParams()
-  eval_config = eval_config or EvalConfig()
+  _check_sizes(steps, prompts_per_step, group_size)
   start = time.time()
-  paths.makedirs(workdir)
-  vocab_limit = tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None
-  learner = learner_factory(model, mesh, vocab_limit=vocab_limit)
-  sampler = Sampler(model, pad_id=tokenizer.pad_id, mesh=mesh, vocab_limit=vocab_limit)
-  params0 = nnx.state(model)
-  # Multi-turn tasks (`task.multi_turn`) get the multi-turn engine, same signature.
-  rollout = rollout_for(task, tokenizer, sampler,
-                        None if mesh is None else state_shardings(params0, mesh, SAMPLER_RULES))
-  heldout = task.heldout_problems(eval_config.num_problems, split="validation")
-  eval_key = eval_config.key()
-  # Process 0 writes the run's files; the others log their step lines only.
-  primary = is_primary()
-  writer = MetricWriter(workdir) if primary else NoWriter()
-  store = (RolloutStore(os.path.join(workdir, "rollouts"))
-           if store_rollouts and primary else None)
-  ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), max_to_keep=max_to_keep)
-  background = Background()
-
-  state = learner.init_state(params0)
-  step0, history, initial = 0, [], None
-  latest = ckpts.latest_step()
-  if latest is not None:  # a corrupted newest step falls back to the previous intact one
-    _, restored, meta = ckpts.restore_latest_intact(target={"state": _abstract(state)})
-    state = restored["state"]
-    step0, initial, history = meta["step"], meta["initial"], meta["history"]
-    harness.load_state(meta.get("harness_state", {}), strict=False)
-    if primary:
-      writer.truncate_after(step0)
-    print(f"[train] resumed from step {step0} ({ckpts.directory})", flush=True)
-  elif parent_checkpoints:
-    parent = Checkpoints(parent_checkpoints, max_to_keep=None)
-    restored, _ = parent.restore(None, target={"state": _abstract(state)})
-    state = restored["state"].replace(step=jnp.zeros((), jnp.int32))
-    print(f"[train] starting from the parent's state in {parent_checkpoints}", flush=True)
-
-  def run_eval(step: int) -> dict:
-    ev, eps = evaluate(rollout, state.params, heldout, eval_config, eval_key, version=version,
-                       step=step)
-    if store is not None and not store.exists(version, step, "heldout"):
-      store.write(version, step, "heldout", eps, meta={"eval": ev})
-    return ev
-
-  if initial is None:
-    initial = run_eval(0)
-    writer.write(0, {f"eval/{k}": v for k, v in initial.items()})
-    print(f"[train] initial held-out: {_fmt(initial)}", flush=True)
-
-  # The learner's log-probs are those of the distribution the sampler drew from.
-  hp = learner.hparams(temperature=sampling.logprob_temperature)
+  seg = _wire(workdir, task, model, tokenizer, mesh, seed=seed,
+              prompts_per_step=prompts_per_step, group_size=group_size,
+              harness=harness if harness is not None else Harness(),
+              diagnostics=list(diagnostics or []), version=version,
+              updates_per_batch=updates_per_batch, sampling=sampling or SamplingParams(),
+              eval_config=eval_config or EvalConfig(), max_to_keep=max_to_keep,
+              store_rollouts=store_rollouts, learner_factory=learner_factory,
+              recompute_old_logprobs=recompute_old_logprobs)
+  run = _start(seg, model, parent_checkpoints)
+  if run.initial is None:
+    _initial_evaluation(seg, run)
   # The KL term's frozen reference: the policy this segment started from.
-  ref_params = (jax.tree.map(jnp.copy, state.params) if learner.kl_coef > 0 else None)
-  base_key = jax.random.key(seed)
-  bar = progress_bar(total=steps, initial=step0, desc="RL", disable=not progress,
+  ref_params = (jax.tree.map(jnp.copy, run.state.params) if seg.learner.kl_coef > 0
+                else None)
+  bar = progress_bar(total=steps, initial=run.step, desc="RL", disable=not progress,
                      every=progress_every, dynamic_ncols=True)
-  step = step0
   t_train = time.time()
-  harness_s = total_s = 0.0
-  while step < steps:
+  while run.step < steps:
     t_step = time.time()
-    # 1. prompts (the data position is the step number) -> 2. G samples each -> 3. scores.
-    #    With dynamic sampling, further rounds until enough groups carry a signal.
-    gens, episodes, out, rounds = [], [], None, 0
-    ds = harness.dynamic_sampling
-    want = prompts_per_step if ds is None else ds.groups_to_generate(prompts_per_step)
-    # Every round samples one batch shape (the first round's rows; a smaller round is
-    # padded, and the padding discarded), so dynamic sampling compiles one sampler program.
-    round_rows = want * group_size
-    t_harness = 0.0
-    while want > 0:
-      problems = task.train_problems(want, seed=data_seed(seed, step) + 7_777_777 * rounds)
-      gen = rollout(state.params, problems, group_size,
-                    jax.random.fold_in(jax.random.fold_in(base_key, step), rounds), sampling,
-                    pad_rows_to=round_rows)
-      t0 = time.time()
-      episodes += gen.episodes(task, version=version, step=step + 1, split="train",
-                               group=group_size, first_row=len(episodes))
-      gens.append(gen)
-      rounds += 1
-      if ds is None:
-        t_harness += time.time() - t0
-        break
-      out = harness.process(episodes, group_size, target_groups=prompts_per_step,
-                            update_state=False)
-      want = ds.groups_to_generate(prompts_per_step, len(episodes) // group_size,
-                                   int(out.metrics["groups/passed"]), rounds)
-      t_harness += time.time() - t0
-    gen = merge(gens)
+    # 1. prompts -> 2. G samples each -> 3. scores (more rounds with dynamic sampling).
+    gen, episodes, rounds, t_harness = _sample(seg, run.state.params, run.step)
     # 4. harness: composed reward, filters, group advantages.
     t0 = time.time()
-    out = harness.process(episodes, group_size,
-                          target_groups=prompts_per_step if ds is not None else None)
-    rows = out.batch
-    batch = TrainBatch(
-        prompt_tokens=gen.prompt_tokens[rows], prompt_lengths=gen.prompt_lengths[rows],
-        completion_tokens=gen.tokens[rows],
-        loss_mask=gen.completion_mask()[rows] & out.keep[rows, None],
-        advantages=out.advantages[rows].astype(np.float32), old_logprobs=gen.logprobs[rows],
-        completion_lengths=gen.lengths[rows])
+    out, batch = _harness_batch(seg, gen, episodes)
     t_harness += time.time() - t0
     # 5. behaviour and reference log-probs, then the learner update(s).
-    batch, gap = _behaviour_logprobs(learner, state, batch, hp, ref_params,
-                                     recompute_old_logprobs)
-    for _ in range(updates_per_batch):
-      state, lm = learner.step(state, batch, hp)
-    lm = {k: float(v) for k, v in to_host(lm).items()}
-    if gap is not None:
-      lm["sampler_logprob_gap"] = gap
-    step += 1
+    run.state, lm = _learn(seg, run.state, batch, ref_params)
+    run.step += 1
     # 6. diagnostics and the rollout store, on the background thread.
     t0 = time.time()
-    metrics = {"correct": float(gen.part("correct").mean()),
-               "format": float(gen.part("format").mean()),
-               "length_mean": float(gen.lengths.mean()), "truncated": float(gen.truncated.mean()),
-               "rounds": rounds, **{f"harness/{k}": float(v) for k, v in out.metrics.items()},
-               **{f"learner/{k}": v for k, v in lm.items()}}
-    metrics["reward"] = float(out.rewards.mean())
-    if primary:
-      background.submit(functools.partial(
-          _bookkeeping, writer, store, diagnostics, version, step, episodes, out,
-          lm, {"group_size": group_size, "target_groups": prompts_per_step,
-               "harness": harness.describe()}))
+    metrics = _step_metrics(gen, out, rounds, lm)
+    _bookkeeping_later(seg, run.step, episodes, out, lm)
     t_harness += time.time() - t0
-    harness_s += t_harness
-    total_s += time.time() - t_step
-    metrics["time/step_s"] = time.time() - t_step
-    metrics["time/harness_share"] = t_harness / metrics["time/step_s"]
-    writer.write(step, metrics)
-    if is_multiprocess():  # every process logs the step; all must agree, bit for bit
-      agreed = {k: metrics[k] for k in _AGREED if k in metrics}
-      print(f"[train] process {jax.process_index()} step {step}: "
-            + json.dumps(agreed), flush=True)
-      check_agree(agreed, f"step {step}")
-    bar.update(1)
-    bar.set_postfix(reward=f"{metrics['reward']:.2f}",
-                    dead=f"{out.metrics.get('dead_group_ratio/raw', 0.0):.2f}")
+    _log_step(seg, run, bar, metrics, out, t_step, t_harness)
     # 7. held-out evaluation and checkpoint.
-    out_of_time = time_limit_s is not None and time.time() - t_train > time_limit_s
-    if time_limit_s is not None:  # the clock of process 0 decides for all processes
-      out_of_time = broadcast_json(out_of_time)
-    last = step == steps or out_of_time
-    if step % eval_every == 0 or last:
-      ev = run_eval(step)
-      history.append({"step": step, **ev})
-      writer.write(step, {f"eval/{k}": v for k, v in ev.items()})
-      bar.write(f"[train] step {step}: held-out {_fmt(ev)}")
-    if step % checkpoint_every == 0 or last:
-      background.flush()  # the step's rollouts are on disk before its checkpoint
-      writer.sync()  # ... and its logs in a gs:// workdir
-      ckpts.save(step, {"state": state},
-                 {"step": step, "seed": seed, "initial": initial, "history": history,
-                  "harness_state": harness.state(), "harness": harness.describe()})
+    out_of_time = _out_of_time(time_limit_s, t_train)
+    last = run.step == steps or out_of_time
+    if run.step % eval_every == 0 or last:
+      _periodic_evaluation(seg, run, bar)
+    if run.step % checkpoint_every == 0 or last:
+      _checkpoint(seg, run)
     if out_of_time:
-      bar.write(f"[train] time limit {time_limit_s}s reached at step {step}")
+      bar.write(f"[train] time limit {time_limit_s}s reached at step {run.step}")
       break
   bar.close()
-  background.flush()
-  writer.sync()
-  ckpts.wait()
-  final = history[-1] if history and history[-1]["step"] == step else run_eval(step)
-  final = {k: v for k, v in final.items() if k != "step"}
-  return {"steps": step, "wall_s": round(time.time() - start, 2), "initial": initial,
-          "final": final, "history": history, "state": state, "rollout": rollout,
-          "harness_share": round(harness_s / total_s, 4) if total_s else None}
+  return _finish(seg, run, start)
 
 
 # The metrics every process of a multi-process run prints per step and checks for
@@ -289,6 +171,176 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
 # learner's global reductions, so a wrong gather or placement shows in them.
 _AGREED = ("reward", "correct", "length_mean", "learner/loss", "learner/pg_loss",
            "learner/grad_norm", "learner/entropy", "learner/approx_kl")
+
+
+@dataclasses.dataclass
+class _Segment:
+  """What one training segment wires together once: the task, the engines, the
+  settings of its steps and the places its records go."""
+
+  task: Any
+  version: str
+  seed: int
+  prompts_per_step: int
+  group_size: int
+  sampling: SamplingParams
+  updates_per_batch: int
+  recompute_old_logprobs: bool
+  learner: Learner
+  hparams: StepHParams  # the learner's hyper-parameters, at the sampler's temperature
+  rollout: Callable  # rollouts.Rollout or MultiTurnRollout (same signature)
+  harness: Harness
+  diagnostics: list
+  eval_config: EvalConfig
+  heldout: list  # the validation problems of every evaluation
+  primary: bool  # process 0: it alone writes the run's files
+  writer: MetricWriter | NoWriter
+  store: Optional[RolloutStore]
+  ckpts: Checkpoints
+  background: Background
+
+
+@dataclasses.dataclass
+class _Progress:
+  """What the loop carries from step to step; a checkpoint stores all but the timers."""
+
+  state: TrainState
+  step: int = 0
+  initial: Optional[dict] = None  # the validation figures at step 0
+  history: list = dataclasses.field(default_factory=list)  # {'step', figures...} per eval
+  harness_s: float = 0.0  # seconds of step time spent in the harness and diagnostics
+  total_s: float = 0.0  # seconds of step time
+
+
+def _check_sizes(steps: int, prompts_per_step: int, group_size: int) -> None:
+  if steps < 0 or prompts_per_step < 1 or group_size < 2:
+    raise ValueError("train: steps >= 0, prompts_per_step >= 1 and group_size >= 2 "
+                     f"(got {steps}, {prompts_per_step}, {group_size})")
+
+
+def _wire(workdir: str, task, model, tokenizer, mesh, *, seed: int, prompts_per_step: int,
+          group_size: int, harness: Harness, diagnostics: list, version: str,
+          updates_per_batch: int, sampling: SamplingParams, eval_config: EvalConfig,
+          max_to_keep: int, store_rollouts: bool, learner_factory: Callable[..., Learner],
+          recompute_old_logprobs: bool) -> _Segment:
+  """Builds the learner, the sampler and rollout engine, and the run's writers."""
+  paths.makedirs(workdir)
+  vocab_limit = tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None
+  learner = learner_factory(model, mesh, vocab_limit=vocab_limit)
+  sampler = Sampler(model, pad_id=tokenizer.pad_id, mesh=mesh, vocab_limit=vocab_limit)
+  # Multi-turn tasks (`task.multi_turn`) get the multi-turn engine, same signature.
+  rollout = rollout_for(task, tokenizer, sampler, None if mesh is None else
+                        state_shardings(nnx.state(model), mesh, SAMPLER_RULES))
+  heldout = task.heldout_problems(eval_config.num_problems, split="validation")
+  primary = is_primary()
+  writer = MetricWriter(workdir) if primary else NoWriter()
+  store = (RolloutStore(os.path.join(workdir, "rollouts"))
+           if store_rollouts and primary else None)
+  ckpts = Checkpoints(os.path.join(workdir, "checkpoints"), max_to_keep=max_to_keep)
+  return _Segment(
+      task=task, version=version, seed=seed, prompts_per_step=prompts_per_step,
+      group_size=group_size, sampling=sampling, updates_per_batch=updates_per_batch,
+      recompute_old_logprobs=recompute_old_logprobs, learner=learner,
+      # The learner's log-probs are those of the distribution the sampler drew from.
+      hparams=learner.hparams(temperature=sampling.logprob_temperature),
+      rollout=rollout, harness=harness, diagnostics=diagnostics, eval_config=eval_config,
+      heldout=heldout, primary=primary, writer=writer, store=store, ckpts=ckpts,
+      background=Background())
+
+
+def _start(seg: _Segment, model, parent_checkpoints: Optional[str]) -> _Progress:
+  """The fresh train state, or the one to resume: this run's latest intact checkpoint
+  (its step, figures and harness state too), else a parent's (step reset to 0)."""
+  state = seg.learner.init_state(nnx.state(model))
+  if seg.ckpts.latest_step() is not None:  # a corrupted newest step falls back
+    _, restored, meta = seg.ckpts.restore_latest_intact(target={"state": _abstract(state)})
+    seg.harness.load_state(meta.get("harness_state", {}), strict=False)
+    seg.writer.truncate_after(meta["step"])
+    print(f"[train] resumed from step {meta['step']} ({seg.ckpts.directory})", flush=True)
+    return _Progress(restored["state"], meta["step"], meta["initial"], meta["history"])
+  if parent_checkpoints:
+    parent = Checkpoints(parent_checkpoints, max_to_keep=None)
+    restored, _ = parent.restore(None, target={"state": _abstract(state)})
+    state = restored["state"].replace(step=jnp.zeros((), jnp.int32))
+    print(f"[train] starting from the parent's state in {parent_checkpoints}", flush=True)
+  return _Progress(state)
+
+
+def _evaluate(seg: _Segment, params, step: int) -> dict:
+  """Validation figures of `params` at `step`; the episodes go to the rollout store."""
+  ev, eps = evaluate(seg.rollout, params, seg.heldout, seg.eval_config,
+                     seg.eval_config.key(), version=seg.version, step=step)
+  if seg.store is not None and not seg.store.exists(seg.version, step, "heldout"):
+    seg.store.write(seg.version, step, "heldout", eps, meta={"eval": ev})
+  return ev
+
+
+def _initial_evaluation(seg: _Segment, run: _Progress) -> None:
+  run.initial = _evaluate(seg, run.state.params, 0)
+  seg.writer.write(0, {f"eval/{k}": v for k, v in run.initial.items()})
+  print(f"[train] initial held-out: {_fmt(run.initial)}", flush=True)
+
+
+def _sample(seg: _Segment, params, step: int) -> tuple[Generation, list, int, float]:
+  """Steps 1-3: the prompts of `step`, `group_size` completions each, scored. With
+  dynamic sampling, further rounds until enough groups carry a signal. Returns the
+  merged generation, its episodes, the rounds and the seconds spent in the harness."""
+  episodes, gens, rounds, t_harness = [], [], 0, 0.0
+  ds = seg.harness.dynamic_sampling
+  want = seg.prompts_per_step if ds is None else ds.groups_to_generate(seg.prompts_per_step)
+  # Every round samples one batch shape (the first round's rows; a smaller round is
+  # padded, and the padding discarded), so dynamic sampling compiles one sampler program.
+  round_rows = want * seg.group_size
+  step_key = jax.random.fold_in(jax.random.key(seg.seed), step)
+  while want > 0:
+    seed = data_seed(seg.seed, step) + 7_777_777 * rounds
+    problems = seg.task.train_problems(want, seed=seed)
+    gen = seg.rollout(params, problems, seg.group_size, jax.random.fold_in(step_key, rounds),
+                      seg.sampling, pad_rows_to=round_rows)
+    t0 = time.time()
+    episodes += gen.episodes(seg.task, version=seg.version, step=step + 1, split="train",
+                             group=seg.group_size, first_row=len(episodes))
+    gens.append(gen)
+    rounds += 1
+    if ds is not None:
+      out = seg.harness.process(episodes, seg.group_size, target_groups=seg.prompts_per_step,
+                                update_state=False)
+      want = ds.groups_to_generate(seg.prompts_per_step, len(episodes) // seg.group_size,
+                                   int(out.metrics["groups/passed"]), rounds)
+    t_harness += time.time() - t0
+    if ds is None:
+      break
+  return merge(gens), episodes, rounds, t_harness
+
+
+def _harness_batch(seg: _Segment, gen: Generation,
+                   episodes: list) -> tuple[HarnessOutput, TrainBatch]:
+  """Step 4: the harness's rewards, filters and advantages, and the rows it keeps as the
+  learner's batch."""
+  ds = seg.harness.dynamic_sampling
+  out = seg.harness.process(episodes, seg.group_size,
+                            target_groups=seg.prompts_per_step if ds is not None else None)
+  rows = out.batch
+  return out, TrainBatch(
+      prompt_tokens=gen.prompt_tokens[rows], prompt_lengths=gen.prompt_lengths[rows],
+      completion_tokens=gen.tokens[rows],
+      loss_mask=gen.completion_mask()[rows] & out.keep[rows, None],
+      advantages=out.advantages[rows].astype(np.float32), old_logprobs=gen.logprobs[rows],
+      completion_lengths=gen.lengths[rows])
+
+
+def _learn(seg: _Segment, state: TrainState, batch: TrainBatch,
+           ref_params) -> tuple[TrainState, dict]:
+  """Step 5: behaviour (and reference) log-probs, then `updates_per_batch` updates.
+  Returns the new state and the learner's metrics as host floats."""
+  batch, gap = _behaviour_logprobs(seg.learner, state, batch, seg.hparams, ref_params,
+                                   seg.recompute_old_logprobs)
+  for _ in range(seg.updates_per_batch):
+    state, lm = seg.learner.step(state, batch, seg.hparams)
+  lm = {k: float(v) for k, v in to_host(lm).items()}
+  if gap is not None:
+    lm["sampler_logprob_gap"] = gap
+  return state, lm
 
 
 def _behaviour_logprobs(learner: Learner, state: TrainState, batch: TrainBatch, hp,
@@ -308,6 +360,27 @@ def _behaviour_logprobs(learner: Learner, state: TrainState, batch: TrainBatch, 
   return batch, gap
 
 
+def _step_metrics(gen: Generation, out: HarnessOutput, rounds: int, lm: dict) -> dict:
+  """The step's line of metrics.jsonl (its timings are added by `_log_step`)."""
+  metrics = {"correct": float(gen.part("correct").mean()),
+             "format": float(gen.part("format").mean()),
+             "length_mean": float(gen.lengths.mean()),
+             "truncated": float(gen.truncated.mean()), "rounds": rounds, **{f"harness/{k}": float(v) for k, v in out.metrics.items()},
+             **{f"learner/{k}": v for k, v in lm.items()}}
+  metrics["reward"] = float(out.rewards.mean())
+  return metrics
+
+
+def _bookkeeping_later(seg: _Segment, step: int, episodes: list, out: HarnessOutput,
+                       lm: dict) -> None:
+  """Step 6: queues the step's diagnostics and rollout store write (process 0 only)."""
+  if seg.primary:
+    seg.background.submit(functools.partial(
+        _bookkeeping, seg.writer, seg.store, seg.diagnostics, seg.version, step, episodes,
+        out, lm, {"group_size": seg.group_size, "target_groups": seg.prompts_per_step,
+                  "harness": seg.harness.describe()}))
+
+
 def _bookkeeping(writer: MetricWriter, store: Optional[RolloutStore],
                  diagnostics: Sequence, version: str, step: int, episodes: list, out,
                  learner_metrics: dict, meta: dict) -> None:
@@ -320,6 +393,64 @@ def _bookkeeping(writer: MetricWriter, store: Optional[RolloutStore],
   if store is not None and not store.exists(version, step, "train"):
     store.write(version, step, "train", episodes, advantages=out.advantages, kept=out.keep,
                 harness_state=out.state, meta=meta)
+
+
+def _log_step(seg: _Segment, run: _Progress, bar, metrics: dict, out: HarnessOutput,
+              t_step: float, t_harness: float) -> None:
+  """Writes the step's metrics with its timings, checks that every process of a
+  multi-process run agrees on them, and moves the progress bar."""
+  run.harness_s += t_harness
+  run.total_s += time.time() - t_step
+  metrics["time/step_s"] = time.time() - t_step
+  metrics["time/harness_share"] = t_harness / metrics["time/step_s"]
+  seg.writer.write(run.step, metrics)
+  if is_multiprocess():  # every process logs the step; all must agree, bit for bit
+    agreed = {k: metrics[k] for k in _AGREED if k in metrics}
+    print(f"[train] process {jax.process_index()} step {run.step}: "
+          + json.dumps(agreed), flush=True)
+    check_agree(agreed, f"step {run.step}")
+  bar.update(1)
+  bar.set_postfix(reward=f"{metrics['reward']:.2f}",
+                  dead=f"{out.metrics.get('dead_group_ratio/raw', 0.0):.2f}")
+
+
+def _out_of_time(time_limit_s: Optional[float], t_train: float) -> bool:
+  """Whether training has run past `time_limit_s`; process 0's clock decides for all."""
+  if time_limit_s is None:
+    return False
+  return broadcast_json(time.time() - t_train > time_limit_s)
+
+
+def _periodic_evaluation(seg: _Segment, run: _Progress, bar) -> None:
+  """Step 7: validation figures, appended to the history and logged."""
+  ev = _evaluate(seg, run.state.params, run.step)
+  run.history.append({"step": run.step, **ev})
+  seg.writer.write(run.step, {f"eval/{k}": v for k, v in ev.items()})
+  bar.write(f"[train] step {run.step}: held-out {_fmt(ev)}")
+
+
+def _checkpoint(seg: _Segment, run: _Progress) -> None:
+  """Step 8: the train state, with what a resume needs to continue exactly."""
+  seg.background.flush()  # the step's rollouts are on disk before its checkpoint
+  seg.writer.sync()  # ... and its logs in a gs:// workdir
+  seg.ckpts.save(run.step, {"state": run.state},
+                 {"step": run.step, "seed": seg.seed, "initial": run.initial,
+                  "history": run.history, "harness_state": seg.harness.state(),
+                  "harness": seg.harness.describe()})
+
+
+def _finish(seg: _Segment, run: _Progress, start: float) -> dict:
+  """Waits for the background work and checkpoints; `train`'s return value."""
+  seg.background.flush()
+  seg.writer.sync()
+  seg.ckpts.wait()
+  final = (run.history[-1] if run.history and run.history[-1]["step"] == run.step
+           else _evaluate(seg, run.state.params, run.step))
+  final = {k: v for k, v in final.items() if k != "step"}
+  return {"steps": run.step, "wall_s": round(time.time() - start, 2),
+          "initial": run.initial, "final": final, "history": run.history,
+          "state": run.state, "rollout": seg.rollout,
+          "harness_share": round(run.harness_s / run.total_s, 4) if run.total_s else None}
 
 
 def _abstract(tree):
