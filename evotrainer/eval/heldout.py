@@ -20,8 +20,8 @@ from evotrainer.rollouts.single_turn import Rollout
 from evotrainer.sampling import SamplingParams
 
 
-# module="train": the knobs are `EvalConfig.*` (or `train.EvalConfig.*`) in gin files and
-# in every stored operative config, as when this class lived in train.py.
+# module="train": the evaluation is configured beside the training segment that runs it;
+# gin files and stored operative configs name it `EvalConfig.*` (`train.EvalConfig.*`).
 @gin.configurable(module="train")
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
