@@ -1,7 +1,8 @@
-"""run.py: the mode dispatch, the test-split evaluation against figures worked out by
-hand from a scripted rollout, and branch mode's files (branch_result.json beside
-test_eval.json, the saved model) against the values the test itself computes. Training
-is replaced by a scripted `train`: nothing here compiles a learner."""
+"""run.py: the mode dispatch, the test-split evaluation it reports (eval/heldout.py)
+against figures worked out by hand from a scripted rollout, and branch mode's files
+(branch_result.json beside test_eval.json, the saved model) against the values the test
+itself computes. Training is replaced by a scripted `train`: nothing here compiles a
+learner."""
 
 import json
 import pathlib
@@ -16,12 +17,12 @@ from flax import nnx
 from evotrainer import checkpoint
 from evotrainer import run as run_lib
 from evotrainer import train as train_lib
+from evotrainer.eval.heldout import EvalConfig, evaluate_test_split
 from evotrainer.evolution.ledger_mirror import open_ledger
 from evotrainer.model.config import ModelConfig
 from evotrainer.rollouts.generation import Generation
 from evotrainer.rollouts.store import RolloutStore
 from evotrainer.tasks.base import Problem
-from evotrainer.train import EvalConfig
 from evotrainer.types import Episode
 from tests.model.test_transformer import _random_model
 
@@ -145,13 +146,13 @@ def test_test_evaluation_against_figures_by_hand():
   rollout = ScriptedRollout(task)
   # batch_rows 6 over k = 3: sampled 2 problems at a time (chunks 2, 2, 1).
   cfg = EvalConfig(num_test=5, k=3, batch_rows=6, max_new_tokens=4)
-  figures, per = run_lib.test_evaluation(rollout, "params", task, cfg)
+  figures, per = evaluate_test_split(rollout, "params", task, cfg)
   assert figures == pytest.approx(FIGURES) and set(figures) == set(FIGURES)
   assert per == pytest.approx(PER_PROBLEM) and list(per) == sorted(PER_PROBLEM)
   assert task.splits == ["test"]  # the test split, never validation
   assert [c for c in rollout.calls if not c[2]] == [("params", 3, False)] * 3
   assert [c for c in rollout.calls if c[2]] == [("params", 1, True)]
-  assert run_lib.test_evaluation(rollout, "params", task, EvalConfig(num_test=0)) == ({}, {})
+  assert evaluate_test_split(rollout, "params", task, EvalConfig(num_test=0)) == ({}, {})
   assert task.splits == ["test"] and len(rollout.calls) == 4  # num_test 0: nothing sampled
 
 
