@@ -42,13 +42,13 @@ from flax import nnx  # noqa: E402
 
 from bench.common import machine  # noqa: E402
 from evotrainer import registry  # noqa: E402
+from evotrainer.eval.heldout import EvalConfig, evaluate  # noqa: E402
 from evotrainer.harness.diagnostics import DIAGNOSTICS, run_diagnostics  # noqa: E402
 from evotrainer.model.source import policy  # noqa: E402
 from evotrainer.rollouts import rollout_for  # noqa: E402
 from evotrainer.sampling import Sampler  # noqa: E402
 from evotrainer.tasks.code import CodeTask  # noqa: E402
 from evotrainer.tasks.code_problems import humaneval_problems  # noqa: E402
-from evotrainer.train import EvalConfig, evaluate  # noqa: E402
 
 MODEL_GIN = "gin/model/smollm2-135m.gin"
 MODEL = "smollm2-135m-instruct"

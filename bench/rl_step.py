@@ -184,7 +184,7 @@ class OursGRPO:
     self.learner = Learner(self.model, learning_rate=LEARNING_RATE, kl_coef=KL_COEF,
                            kl_kind="k3", micro_batch_size=micro,
                            compute_entropy=False)
-    self.hparams = self.learner.hparams()
+    self.hparams = self.learner.hparams(temperature=self.sampling.logprob_temperature)
     # The reference is the initial weights; the train state holds its own copy.
     self.ref_params = nnx.state(self.model)
     self.state = self.learner.init_state(self.ref_params)
