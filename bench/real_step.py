@@ -94,8 +94,8 @@ class Step:
                            micro_batch_size=variant.micro_batch_size)
     from flax import nnx  # pylint: disable=import-outside-toplevel
     self.state = self.learner.init_state(nnx.state(self.model))
-    self.hp = self.learner.hparams(temperature=1.0)
     self.sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
+    self.hp = self.learner.hparams(temperature=self.sampling.logprob_temperature)
     self.tasks = [CodeTask(sources=["procedural"], difficulty=d, kinds=["function"])
                   for d in (1, 2)]
     for t in self.tasks:
