@@ -103,15 +103,17 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
 
 
 def prompt_groups(tokens: np.ndarray, lengths: np.ndarray) -> int:
-  """G when the rows `[B, P]` come in runs of G consecutive identical prompts (each run
-  exactly G long, G > 1), else 1."""
+  """The largest G such that the rows `[B, P]`, cut into consecutive chunks of G, hold one
+  prompt per chunk: the greatest common divisor of the lengths of the runs of identical
+  consecutive prompts (1: nothing to share). A run of 2G (the same problem drawn twice in
+  a row, or a round padded with copies of its last group) keeps G, so every round of a
+  step compiles the same program."""
   tokens, lengths = np.asarray(tokens), np.asarray(lengths)
   b = tokens.shape[0]
   same = np.all(tokens[1:] == tokens[:-1], axis=1) & (lengths[1:] == lengths[:-1])  # [B-1]
   starts = np.flatnonzero(np.concatenate([[True], ~same]))
   runs = np.diff(np.append(starts, b))
-  g = int(runs[0])
-  return g if g > 1 and np.all(runs == g) else 1
+  return int(np.gcd.reduce(runs))
 
 
 def _is_stop(ids: jax.Array, stop_ids: jax.Array) -> jax.Array:

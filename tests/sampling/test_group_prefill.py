@@ -38,6 +38,10 @@ def test_prompt_groups_by_hand():
   assert groups(grouped(PROMPTS)) == 4
   assert groups(grouped(PROMPTS, 1)) == 1
   assert groups(left_pad([[1], [1], [2], [2], [2], [3]], PAD)) == 1  # uneven runs
+  assert groups(left_pad([[1], [1], [2], [2], [2], [2]], PAD)) == 2  # runs 2, 4: gcd 2
+  assert groups(left_pad([[1], [1], [1], [2], [2], [2], [3], [3], [3], [3], [3], [3]],
+                         PAD)) == 3  # runs 3, 3, 6
+  assert groups(left_pad([[1], [1], [1], [1], [2], [2]], PAD)) == 2  # runs 4, 2
   assert groups(left_pad([[1], [1], [2], [2], [1], [1]], PAD)) == 2  # runs, not sets
   assert groups(left_pad([[1], [1], [1], [1]], PAD)) == 4
   # same tokens, different lengths (a pad-id token that is real) are different prompts
