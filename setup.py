@@ -66,7 +66,7 @@ setup(
     package_dir={"evotrainer._gin": "gin"},
     package_data={"evotrainer._gin": ["*.gin", "*/*.gin"],
                   "evotrainer.evolution": ["seed_skills/*.json"],
-                  "evotrainer.tasks": ["data/canaries/*.jsonl"],
+                  "evotrainer.tasks.math": ["data/canaries/*.jsonl"],
                   "evotrainer.tasks.swe": ["data/swe_sources.json"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,

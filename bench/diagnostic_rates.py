@@ -9,8 +9,9 @@ the grad-norm series before it.
   python -m bench.diagnostic_rates --run=runs/math --json=diagnostic_rates.json
 
 JSON: `run`, `steps` (observations), `versions`, and `rates` {diagnostic: {"fired",
-"rate"}} for every diagnostic of the library (`harness.diagnostics.DIAGNOSTICS`, the
-`domain` hook aside), plus `default` (the evolution's default diagnostics).
+"rate"}} for every diagnostic of the library (`harness.diagnostics.DIAGNOSTICS`, with
+the code and SWE domains' registered, the `domain` hook aside), plus `default` (the
+evolution's default diagnostics).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import pathlib
 from evotrainer.evolution.harness_evolution import DEFAULT_DIAGNOSTICS
 from evotrainer.harness.diagnostics import DIAGNOSTICS, run_diagnostics
 from evotrainer.rollouts.store import RolloutStore
+from evotrainer.tasks.code import diagnostics as _code_diagnostics  # noqa: F401 (registers)
+from evotrainer.tasks.swe import diagnostics as _swe_diagnostics  # noqa: F401 (registers)
 
 
 def _metrics_by_step(path: pathlib.Path) -> dict:

@@ -47,8 +47,8 @@ from evotrainer.harness.diagnostics import DIAGNOSTICS, run_diagnostics  # noqa:
 from evotrainer.model.source import policy  # noqa: E402
 from evotrainer.rollouts import rollout_for  # noqa: E402
 from evotrainer.sampling import Sampler  # noqa: E402
-from evotrainer.tasks.code import CodeTask  # noqa: E402
-from evotrainer.tasks.code_problems import humaneval_problems  # noqa: E402
+from evotrainer.tasks.code.problems import humaneval_problems  # noqa: E402
+from evotrainer.tasks.code.task import CodeTask  # noqa: E402
 
 MODEL_GIN = "gin/model/smollm2-135m.gin"
 MODEL = "smollm2-135m-instruct"

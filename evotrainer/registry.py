@@ -25,8 +25,8 @@ def register_builtins() -> None:
   import evotrainer.run  # noqa: F401
   import evotrainer.sampling.sampler  # noqa: F401
   import evotrainer.sharding.mesh  # noqa: F401
-  import evotrainer.tasks.code  # noqa: F401
-  import evotrainer.tasks.math  # noqa: F401
+  import evotrainer.tasks.code.task  # noqa: F401
+  import evotrainer.tasks.math.task  # noqa: F401
   import evotrainer.tasks.swe.task  # noqa: F401
   import evotrainer.tokenizers  # noqa: F401
   import evotrainer.train  # noqa: F401
@@ -43,6 +43,11 @@ def register_builtins() -> None:
   import evotrainer.harness.pipeline  # noqa: F401
   import evotrainer.harness.rewards  # noqa: F401
   import evotrainer.harness.validators  # noqa: F401
+  # The domains' diagnostics and validators register in the harness's libraries (code
+  # before SWE: the library's order, which the controller's gap search walks).
+  import evotrainer.tasks.code.diagnostics  # noqa: F401
+  import evotrainer.tasks.swe.diagnostics  # noqa: F401
+  import evotrainer.tasks.swe.validators  # noqa: F401
 
 
 def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),

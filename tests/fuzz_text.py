@@ -39,7 +39,7 @@ FRAGMENTS = (
     ")", "[", "]", "####", "\\frac{", "^", "$", ",", ".", "-", "/", "\n", " ", "\t", "\x00",
     "\x1b", "\x7f", "\ud800", "\udfff", "\u2028", "\ufeff", "0", "7", "19", "1,000",
     "-0.5", "3/4", "٣", "𝟕", "x^2+1", "\\sqrt{2}", "e", "&lt;", "<script>", "\"", "'",
-    # code blocks (tasks/code.py)
+    # code blocks (tasks/code/task.py)
     "```", "```python\n", "```py\n", "```\n", "def f(x):\n", "    return x\n", "if x == 1:")
 
 _chars = st.characters(codec=None)  # any code point, surrogates included

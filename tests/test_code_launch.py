@@ -15,7 +15,7 @@ from evotrainer.evolution.search_space import SearchSpace
 from evotrainer.harness.base import Evidence
 from evotrainer.harness.validators import ExploitProbe
 from evotrainer.run import _exploit_recovery
-from evotrainer.tasks.code import CodeTask
+from evotrainer.tasks.code.task import CodeTask
 from evotrainer.types import Finding
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -245,3 +245,70 @@ def test_a_package_init_counts_from_outside_it_only(tmp_path):
   # A child that names its own package's __init__ closes a cycle.
   (pkg / "sub" / "y.py").write_text("from pkg.sub import X\n")
   assert strongly_connected(import_graph(pkg)) == [["pkg.sub", "pkg.sub.x", "pkg.sub.y"]]
+
+
+# The domain packages: what a task knows of its own problems. The harness reads episodes
+# and answers (evotrainer.tasks.answers), never a domain; a domain registers its
+# diagnostics and validators in the harness's libraries instead.
+DOMAINS = ("evotrainer.tasks.math", "evotrainer.tasks.code", "evotrainer.tasks.swe")
+
+
+def _within(module: str, packages) -> bool:
+  return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def reaches(edges: Edges, sources, targets) -> list[tuple[str, ...]]:
+  """Import paths from a module within `sources` to one within `targets`, one per source
+  module that reaches any (the shortest, by breadth-first search), with every step."""
+  succ = collections.defaultdict(list)
+  for a, b in sorted(edges):
+    succ[a].append(b)
+  out = []
+  for start in sorted({a for a, _ in edges if _within(a, sources)}):
+    parent, queue = {start: None}, collections.deque([start])
+    while queue:
+      v = queue.popleft()
+      if _within(v, targets):
+        path = [v]
+        while parent[path[-1]] is not None:
+          path.append(parent[path[-1]])
+        out.append(tuple(reversed(path)))
+        break
+      for w in succ[v]:
+        if w not in parent:
+          parent[w] = v
+          queue.append(w)
+  return out
+
+
+def test_the_harness_imports_no_domain():
+  edges = import_graph(PACKAGE_DIR)
+  assert any(_within(b, DOMAINS) and a.startswith("evotrainer.tasks.")
+             for a, b in edges)  # the domains are in the graph
+  assert any(_within(a, DOMAINS) and b.startswith("evotrainer.harness.")
+             for a, b in edges)  # and register in the harness
+  paths = reaches(edges, ("evotrainer.harness",), DOMAINS)
+  assert not paths, "the harness reaches a domain:\n" + "\n".join(
+      " -> ".join(p) for p in paths)
+
+
+def test_reaches_follows_function_level_imports_to_a_domain(tmp_path):
+  pkg = _write(tmp_path, {
+      "pkg/__init__.py": "",
+      "pkg/harness/__init__.py": "",
+      "pkg/harness/a.py": "import pkg.util\n",
+      "pkg/harness/b.py": "",
+      "pkg/util.py": "def f():\n  from pkg.tasks.math import verify\n",
+      "pkg/tasks/__init__.py": "",
+      "pkg/tasks/answers.py": "",
+      "pkg/tasks/math/__init__.py": "",
+      "pkg/tasks/math/verify.py": "import pkg.tasks.answers\nimport pkg.harness.b\n",
+  })
+  edges = import_graph(pkg)
+  assert reaches(edges, ("pkg.harness",), ("pkg.tasks.math",)) == [
+      ("pkg.harness.a", "pkg.util", "pkg.tasks.math")]
+  (pkg / "util.py").write_text("import pkg.tasks.answers\n")
+  edges = import_graph(pkg)
+  assert reaches(edges, ("pkg.harness",), ("pkg.tasks.math",)) == []
+  assert reaches(edges, ("pkg.harness",), ("pkg.tasks.answers",)) == [
+      ("pkg.harness.a", "pkg.util", "pkg.tasks.answers")]

@@ -26,9 +26,9 @@ SCRIPT = textwrap.dedent("""\
     import evotrainer
     from evotrainer import registry
     from evotrainer.evolution import skills
-    from evotrainer.tasks import canaries
-    from evotrainer.tasks.code import CodeTask
-    from evotrainer.tasks.math import MathTask
+    from evotrainer.tasks.code.task import CodeTask
+    from evotrainer.tasks.math import canaries
+    from evotrainer.tasks.math.task import MathTask
     from evotrainer.tasks.swe import sources, synth, task as swe_task
 
     out = {"package": evotrainer.__file__}

@@ -12,7 +12,7 @@ from flax import nnx
 from evotrainer.evolution.ledger import Ledger
 from evotrainer.model import Transformer
 from evotrainer.rollouts.store import RolloutStore
-from evotrainer.tasks.math import MathTask
+from evotrainer.tasks.math.task import MathTask
 from evotrainer.tokenizers import SentencePieceTokenizer
 from evotrainer.train import EvalConfig, train
 from tests.tiny_models import tiny_config

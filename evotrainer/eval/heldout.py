@@ -99,7 +99,7 @@ def evaluate_test_split(rollout, params, task, eval_config=None) -> tuple[dict, 
 
 def canary_evaluation(rollout, params, task, eval_config=None) -> tuple[dict, dict]:
   """Greedy accuracy on the task's canaries (`canary_problems`, known answers shipped as
-  data: tasks/canaries.py), each checked by the task's strict verifier against the
+  data: tasks/math/canaries.py), each checked by the task's strict verifier against the
   file's answer, never by the reward: ({'canary_accuracy', 'canary_n'}, {canary id: 0/1});
   ({}, {}) for a task without canaries."""
   canaries = getattr(task, "canary_problems", list)()

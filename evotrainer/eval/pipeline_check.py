@@ -20,7 +20,7 @@ from fractions import Fraction
 from typing import Callable, Optional, Sequence
 
 from evotrainer.tasks.base import normalize_prompt
-from evotrainer.tasks.verify import answer_tag
+from evotrainer.tasks.answers import answer_tag
 
 
 def _plus_one(gold: str) -> Optional[str]:

@@ -65,7 +65,7 @@ CATALOG: dict = {
                             "comes")],
     "format_failure": [("RewardComposer.parts", ("add",), "fewer unparseable answers "
                         "under a format reward")],
-    # The code domain's checks of what a chat model writes (harness/diagnostics_code.py).
+    # The code domain's checks of what a chat model writes (tasks/code/diagnostics.py).
     "prose_rate": [("RewardComposer.parts", ("add",), "fewer prose answers once a part "
                     "pays for a code block (format)")],
     "broken_fence": [("RewardComposer.parts", ("add",), "more closed fences once the "

@@ -14,11 +14,14 @@ Layers and the library names (`DIAGNOSTICS`):
   model       entropy, kl, clip_fraction, grad_norm, training_drift (stability.py: drift
               toward collapse over a training segment's series)
   efficiency  length, truncation, turns, stop_reasons
+A domain registers its own diagnostics here when its module is imported (the domain
+imports the harness, never the reverse; registry.py imports them before gin parses):
   code        syntax_error_rate, timeout_rate (efficiency), pass_fraction_spread (signal),
               hardcoded_outputs, prose_rate, broken_fence, wrong_name_rate (behaviour),
-              runaway_length (efficiency): diagnostics_code.py, over CodeTask's parts
+              runaway_length (efficiency): tasks/code/diagnostics.py, over CodeTask's
+              parts
   swe         tool_mix, first_edit_turn, tool_streak, echo_trap_rate, git_usage (behaviour):
-              diagnostics_swe.py, over the tool calls of tasks/swe/episode.py
+              tasks/swe/diagnostics.py, over the tool calls of tasks/swe/episode.py
 
 `context` keys read (all optional; a diagnostic whose input is missing reports nothing):
   'heldout':    {name: value} held-out figures, e.g. {'avg8': .4, 'pass8': .7, 'greedy': .5}.
@@ -56,10 +59,6 @@ from evotrainer.harness.diagnostics_behaviour import (AnswerSpammingRate, Domain
                                                       FormatFailureRate,
                                                       LengthRewardCorrelation,
                                                       RepetitionRate)
-from evotrainer.harness.diagnostics_code import (BrokenFence, HardcodedOutputs,
-                                                 PassFractionSpread, ProseRate,
-                                                 RunawayLength, SyntaxErrorRate,
-                                                 TimeoutRate, WrongNameRate)
 from evotrainer.harness.diagnostics_model import (ClipFraction, EntropyCollapse,
                                                   GradNormSpike, KLDrift,
                                                   LengthPercentiles, StopReasons,
@@ -67,8 +66,6 @@ from evotrainer.harness.diagnostics_model import (ClipFraction, EntropyCollapse,
 from evotrainer.harness.diagnostics_score import (AdvantageHealth, CorrectnessRate,
                                                   DeadGroupRatio, RewardMean, RewardSpread,
                                                   ScoreTrend)
-from evotrainer.harness.diagnostics_swe import (EchoTrapRate, FirstEditTurn, GitUsage,
-                                                ToolMix, ToolStreak)
 from evotrainer.harness.stability import TrainingDrift, drift_signals
 from evotrainer.types import Episode
 
@@ -85,9 +82,7 @@ for _cls in (CorrectnessRate, RewardMean, ScoreTrend, DeadGroupRatio, RewardSpre
              AdvantageHealth, LengthRewardCorrelation, FormatFailureRate,
              AnswerSpammingRate, RepetitionRate, EntropyCollapse, KLDrift, ClipFraction,
              GradNormSpike, LengthPercentiles, TruncationRate, TurnCount, StopReasons,
-             TrainingDrift, SyntaxErrorRate, TimeoutRate, PassFractionSpread,
-             HardcodedOutputs, ProseRate, BrokenFence, WrongNameRate, RunawayLength,
-             ToolMix, FirstEditTurn, ToolStreak, EchoTrapRate, GitUsage):
+             TrainingDrift):
   register(_cls)
 DIAGNOSTICS["domain"] = DomainDiagnostic  # needs `fn`; not in `default_diagnostics`
 
@@ -132,9 +127,6 @@ def run_diagnostics(diags: Sequence, episodes: Sequence[Episode],
 
 __all__ = ["DIAGNOSTICS", "DIRECTIONS", "AdvantageHealth", "AnswerSpammingRate",
            "ClipFraction", "CorrectnessRate", "DeadGroupRatio", "DomainDiagnostic",
-           "EchoTrapRate", "FirstEditTurn", "GitUsage", "ToolMix", "ToolStreak",
-           "BrokenFence", "HardcodedOutputs", "PassFractionSpread", "ProseRate",
-           "RunawayLength", "SyntaxErrorRate", "TimeoutRate", "WrongNameRate",
            "EntropyCollapse", "FormatFailureRate", "GradNormSpike", "KLDrift",
            "LengthPercentiles", "LengthRewardCorrelation", "RepetitionRate", "RewardMean",
            "RewardSpread", "ScoreTrend", "StopReasons", "TruncationRate", "TurnCount",

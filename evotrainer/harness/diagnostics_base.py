@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 
 from evotrainer.harness.base import Report, snippet
-from evotrainer.tasks.verify import MAX_TEXT_CHARS
+from evotrainer.tasks.answers import MAX_TEXT_CHARS
 from evotrainer.types import Episode, Finding
 
 DIRECTIONS = ("above", "below")

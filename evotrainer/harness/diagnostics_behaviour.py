@@ -16,7 +16,7 @@ import numpy as np
 from evotrainer.harness.base import Report, groups_of
 from evotrainer.harness.diagnostics_base import (EPS, ThresholdDiagnostic, evidence_of,
                                                  has_loop, lengths_of, pearson, rewards_of)
-from evotrainer.tasks.verify import count_candidates
+from evotrainer.tasks.answers import count_candidates
 from evotrainer.types import LAYERS, Episode
 
 
@@ -108,7 +108,7 @@ class FormatFailureRate(ThresholdDiagnostic):
 
 @gin.configurable(module="harness")
 class AnswerSpammingRate(ThresholdDiagnostic):
-  """Share of completions marking >= 2 distinct answers (`tasks.verify.count_candidates`).
+  """Share of completions marking >= 2 distinct answers (`tasks.answers.count_candidates`).
 
   Evidence: the completions with the most candidates.
   """

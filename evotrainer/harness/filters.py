@@ -32,7 +32,7 @@ import numpy as np
 
 from evotrainer.harness.base import FilterResult, snippet
 from evotrainer.harness.rewards import UNITS, completion_units
-from evotrainer.tasks.verify import extract_answer
+from evotrainer.tasks.answers import extract_answer
 from evotrainer.types import Episode
 
 # Extraction methods that count as "the completion gives an answer": explicit markers only.

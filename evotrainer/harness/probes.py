@@ -30,7 +30,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from evotrainer.tasks.verify import answer_tag, parse_number
+from evotrainer.tasks.answers import answer_tag, parse_number
 from evotrainer.types import Episode
 
 

@@ -48,7 +48,7 @@ import gin
 import numpy as np
 
 from evotrainer.harness.base import FilterResult
-from evotrainer.tasks.verify import MAX_TEXT_CHARS
+from evotrainer.tasks.answers import MAX_TEXT_CHARS
 from evotrainer.types import Episode
 
 UNITS = ("tokens", "words")

@@ -11,12 +11,6 @@ and its reason says so (the report lists it as not applicable, never as passed).
   strict_verifier_agreement  a stricter verifier re-checks a sample of `correct` labels
   length_gaming              Pearson(length, reward) above a bound
   answer_spamming            share of completions marking several answers
-  leak_detector              the domain leak-detector hook: regexes over completions and
-                             tool calls (default: SWE git-history commands and tool
-                             paths outside the repository)
-  history_leak               share of SWE episodes whose tool calls read the repository's
-                             history (git log/show/blame, another commit named, `.git`
-                             paths: diagnostics_swe.history_access), with the evidence
   canary_prompts             greedy accuracy on canaries (known answers shipped as data)
                              below a floor, or fallen below the parent's beyond noise
   exploit_probe              the share of the right-vs-wrong reward margin a known
@@ -33,17 +27,16 @@ Two of them judge the health of the policy's training, not the integrity of the 
 too, and never veto a version that changed nothing (promotion.py). Every other
 validator (no `kind`, or any other value) is an integrity gate and always vetoes.
 
-`VALIDATORS` maps these names to classes; `run_validators` runs a list of instances. A
-validator of your own registers like a diagnostic: give it `name` and `__call__`,
-decorate with `@gin.configurable(module="harness")` and `@register`, and load its module
-with `--import`.
+A domain registers its own validators in `VALIDATORS` when its module is imported:
+`leak_detector` and `history_leak` (tasks/swe/validators.py). `VALIDATORS` maps names to
+classes; `run_validators` runs a list of instances. A validator of your own registers
+the same way: give it `name` and `__call__`, decorate with
+`@gin.configurable(module="harness")` and `@register`, and load its module with
+`--import`. `not_applicable` and `share_verdict` build the common verdicts.
 """
 
 from __future__ import annotations
 
-import collections
-import json
-import re
 from typing import Optional, Sequence
 
 import gin
@@ -51,10 +44,8 @@ import numpy as np
 
 from evotrainer.harness.base import Episode, Evidence, Verdict, registrar
 from evotrainer.harness.diagnostics import lengths_of, pearson, rewards_of
-from evotrainer.harness.diagnostics_swe import (GIT_HISTORY_TEXT, history_reads,
-                                                tool_episodes)
 from evotrainer.harness.stability import drift_signals
-from evotrainer.tasks.verify import count_candidates, extract_answer, fast_verdict
+from evotrainer.tasks.answers import count_candidates, extract_answer, fast_verdict
 
 _EPS = 1e-9  # slack for float round-off in threshold comparisons
 
@@ -71,13 +62,14 @@ def window_rise(values: Sequence[float]) -> float:
   return float(np.polyfit(x, y, 1)[0] * (len(y) - 1))
 
 
-def _skip(name: str, threshold: float, why: str) -> Verdict:
+def not_applicable(name: str, threshold: float, why: str) -> Verdict:
+  """The verdict of a validator without the evidence it needs: passes unjudged."""
   return Verdict(name, True, float("nan"), float(threshold), f"{name}: not applicable, {why}",
                  applicable=False)
 
 
-def _share_verdict(name: str, hits: Sequence[str], n: int, max_share: float,
-                   what: str, detail: str = "", examples: int = 1) -> Verdict:
+def share_verdict(name: str, hits: Sequence[str], n: int, max_share: float,
+                  what: str, detail: str = "", examples: int = 1) -> Verdict:
   """Fails when `len(hits)` of `n` episodes (ids in `hits`) is a share above `max_share`;
   the reason adds `detail` and the first `examples` ids."""
   share = len(hits) / n
@@ -109,7 +101,7 @@ class ProxyTrueDisagreement:
     proxy = list(evidence.series.get(self.proxy_key, ()))[-self.window:]
     true = list(evidence.series.get(self.true_key, ()))[-self.window:]
     if min(len(proxy), len(true)) < self.window:
-      return _skip(self.name, self.min_rise, f"fewer than {self.window} steps of "
+      return not_applicable(self.name, self.min_rise, f"fewer than {self.window} steps of "
                    f"'{self.proxy_key}' and '{self.true_key}'")
     rise, bc_rise = window_rise(proxy), window_rise(true)
     failed = rise >= self.min_rise - _EPS and bc_rise < self.max_bc_rise
@@ -136,10 +128,10 @@ class StrictVerifierAgreement:
 
   def __call__(self, evidence: Evidence) -> Verdict:
     if evidence.strict_verify is None:
-      return _skip(self.name, self.min_agreement, "no strict verifier in the evidence")
+      return not_applicable(self.name, self.min_agreement, "no strict verifier in the evidence")
     eps = [ep for ep in evidence.episodes if "correct" in ep.reward_parts]
     if not eps:
-      return _skip(self.name, self.min_agreement, "no episode has a 'correct' part")
+      return not_applicable(self.name, self.min_agreement, "no episode has a 'correct' part")
     rng = np.random.default_rng(self.seed)
     picked = sorted(rng.choice(len(eps), size=min(self.sample, len(eps)), replace=False))
     disagree = [eps[i].episode_id for i in picked
@@ -170,7 +162,7 @@ class LengthGaming:
     eps = list(evidence.episodes)
     corr = pearson(lengths_of(eps), rewards_of(eps, self.reward_key)) if eps else np.nan
     if np.isnan(corr):
-      return _skip(self.name, self.max_corr, "length or reward does not vary")
+      return not_applicable(self.name, self.max_corr, "length or reward does not vary")
     failed = corr > self.max_corr + _EPS
     return Verdict(self.name, not failed, corr, self.max_corr,
                    f"{self.name}: {'fail' if failed else 'pass'}, corr(length, reward) = "
@@ -189,116 +181,10 @@ class AnswerSpamming:
   def __call__(self, evidence: Evidence) -> Verdict:
     eps = list(evidence.episodes)
     if not eps:
-      return _skip(self.name, self.max_share, "no episodes")
+      return not_applicable(self.name, self.max_share, "no episodes")
     spam = [ep.episode_id for ep in eps if count_candidates(ep.completion) >= 2]
-    return _share_verdict(self.name, spam, len(eps), self.max_share,
+    return share_verdict(self.name, spam, len(eps), self.max_share,
                           "completions mark several answers")
-
-
-# Reading SWE git history as text (completions, a shell-like tool's command, the `git`
-# tool's recorded command): diagnostics_swe.GIT_HISTORY_TEXT.
-SWE_GIT_HISTORY = GIT_HISTORY_TEXT
-# A tool path argument (in the completion's call or the recorded `tool_calls`) that is
-# absolute, starts at home, climbs out with "..", or names the .git folder: reading
-# outside the repository or its history. tasks/swe/tools.py refuses these calls; the
-# attempt is the evidence. (A code-domain program may hold such a literal: a domain that
-# is not SWE sets its own `LeakDetector.patterns`.)
-SWE_OUTSIDE_REPO = (r'"path"\s*:\s*"\s*(/|~|\.\.(/|"))',
-                    r'"path"\s*:\s*"[^"]*/\.\.(/|")',
-                    r'"path"\s*:\s*"(\./)?(?:[^"]*/)?\.git(/|")')
-SWE_LEAKS = SWE_GIT_HISTORY + SWE_OUTSIDE_REPO
-
-
-@gin.configurable(module="harness")
-class LeakDetector:
-  """The domain leak-detector hook: fails when too many episodes match a leak pattern.
-
-  Searches each episode's completion and `info[k]` for k in `info_keys` (tool calls,
-  commands; serialized to text) for any regex of `patterns` (case-insensitive). The
-  default patterns (`SWE_LEAKS`) catch reading the fix from SWE git history (docs/domains/swe.md)
-  and tool paths outside the repository or into `.git`; a domain sets its own, e.g. an
-  answer-key file name. Fails when the share of matching episodes is
-  above `max_share` (default 0: any match fails).
-  """
-
-  name = "leak_detector"
-
-  def __init__(self, patterns: Sequence[str] = SWE_LEAKS, max_share: float = 0.0,
-               info_keys: Sequence[str] = ("tool_calls", "commands")):
-    try:
-      self.patterns = [re.compile(p, re.I) for p in patterns]
-    except re.error as e:
-      raise ValueError(f"LeakDetector.patterns: bad regex: {e}") from None
-    self.max_share, self.info_keys = max_share, tuple(info_keys)
-
-  def match(self, ep: Episode) -> Optional[str]:
-    """The first pattern an episode matches, or None."""
-    texts = [ep.completion] + [json.dumps(ep.info[k], default=str)
-                               for k in self.info_keys if k in ep.info]
-    for p in self.patterns:
-      if any(p.search(t) for t in texts):
-        return p.pattern
-    return None
-
-  def __call__(self, evidence: Evidence) -> Verdict:
-    eps = list(evidence.episodes)
-    if not eps:
-      return _skip(self.name, self.max_share, "no episodes")
-    hits = [(ep.episode_id, m) for ep in eps if (m := self.match(ep)) is not None]
-    share = len(hits) / len(eps)
-    failed = share > self.max_share + _EPS
-    example = f"; e.g. {hits[0][0]} matches {hits[0][1]!r}" if hits else ""
-    return Verdict(self.name, not failed, share, self.max_share,
-                   f"{self.name}: {'fail' if failed else 'pass'}, {len(hits)} of {len(eps)} "
-                   f"episodes match a leak pattern (max share {self.max_share}){example}")
-
-
-@gin.configurable(module="harness")
-class HistoryLeak:
-  """Fails when the share of SWE episodes that read the repository's history is above
-  `max_share` (default 0: any).
-
-  An episode reads history when one of its recorded tool calls (`info['tool_calls']`,
-  tasks/swe/episode.py) does by `diagnostics_swe.history_access`: a git subcommand that
-  shows commits (`log`, `show`, `blame`, `reflog`, ...), a git argument naming another
-  commit (`diff HEAD~1`, `show <id>:<file>`), a path into `.git` (refused by the tools;
-  the attempt counts), or a shell-like command doing the same. Where a checkout keeps
-  the unmutated base as an earlier commit (gin/swe_leaky.gin) the history holds the fix:
-  a branch that learned to read it scores highest and must not be promoted. The reason
-  gives the counts by kind and example episode ids. No episode with tool calls (in
-  `split`): not applicable.
-
-  Args:
-    max_share: the largest share of episodes reading history that passes.
-    split: judge only episodes of this `Episode.split` ('heldout': the validation
-      episodes); None judges every tool-using episode of the branch.
-    examples: how many episode ids the reason names.
-  """
-
-  name = "history_leak"
-
-  def __init__(self, max_share: float = 0.0, split: Optional[str] = None,
-               examples: int = 3):
-    if not 0.0 <= max_share <= 1.0:
-      raise ValueError(f"HistoryLeak.max_share={max_share}; expected a share in [0, 1]")
-    self.max_share, self.split, self.examples = max_share, split, examples
-
-  def __call__(self, evidence: Evidence) -> Verdict:
-    eps = [ep for ep in tool_episodes(evidence.episodes)
-           if self.split is None or ep.split == self.split]
-    if not eps:
-      where = f" in split {self.split!r}" if self.split else ""
-      return _skip(self.name, self.max_share, f"no episode with tool calls{where}")
-    reads = {ep.episode_id: history_reads(ep) for ep in eps}
-    hits = [e for e, r in reads.items() if r]
-    kinds = collections.Counter(" ".join(r.split()[:2]) for rs in reads.values() for r in rs)
-    git_calls = sum(c.get("name") == "git" for ep in eps for c in ep.info["tool_calls"]
-                    if isinstance(c, dict))
-    detail = (f": {sum(kinds.values())} history reads in {git_calls} git calls ("
-              + ", ".join(f"{k} x{n}" for k, n in kinds.most_common()) + ")"
-              if kinds else "")
-    return _share_verdict(self.name, hits, len(eps), self.max_share,
-                          "episodes read the repository's history", detail, self.examples)
 
 
 @gin.configurable(module="harness")
@@ -320,7 +206,7 @@ class ExploitProbe:
   def __call__(self, evidence: Evidence) -> Verdict:
     value = (evidence.heldout or {}).get("exploit_recovery")
     if value is None or (isinstance(value, float) and np.isnan(value)):
-      return _skip(self.name, self.max_recovery, "no exploit_recovery figure")
+      return not_applicable(self.name, self.max_recovery, "no exploit_recovery figure")
     failed = float(value) > self.max_recovery + _EPS
     families = {k.split("/", 1)[1]: v for k, v in evidence.heldout.items()
                 if k.startswith("exploit_recovery/") and v == v}  # NaN != NaN
@@ -337,7 +223,7 @@ class CanaryPrompts:
   `min_accuracy`, or below the parent's by more than `max_drop` beyond noise.
 
   Canaries are graded against answers shipped as data, never by the reward or the
-  task's verifier (tasks/canaries.py), so a change that inflates the validation score
+  task's verifier (tasks/math/canaries.py), so a change that inflates the validation score
   through the grading shows here as a fall.
 
   Which figure is judged, in order:
@@ -348,7 +234,7 @@ class CanaryPrompts:
   2. else it is computed from the episodes that are canaries: `info['canary']` is true,
      or the prompt contains one of `canaries`' prompts. The known answer is that
      canary's (else `Episode.answer`); the completion's extracted answer is compared
-     with it exactly (`verify.fast_verdict`, numbers by value), and where that is
+     with it exactly (`answers.fast_verdict`, numbers by value), and where that is
      undecided `reward_parts['correct']` counts.
   No canary evidence at all: not applicable.
 
@@ -411,7 +297,7 @@ class CanaryPrompts:
   def __call__(self, evidence: Evidence) -> Verdict:
     found = self._accuracy(evidence)
     if found is None:
-      return _skip(self.name, self.min_accuracy, "no canary evidence")
+      return not_applicable(self.name, self.min_accuracy, "no canary evidence")
     acc, source = found
     failed = acc < self.min_accuracy - _EPS
     why = f"canary accuracy {acc:.3f} from {source} (min {self.min_accuracy})"
@@ -455,9 +341,9 @@ class TestTampering:
   def __call__(self, evidence: Evidence) -> Verdict:
     eps = [ep for ep in evidence.episodes if "tamper" in ep.reward_parts]
     if not eps:
-      return _skip(self.name, self.max_share, "no episode has a 'tamper' part")
+      return not_applicable(self.name, self.max_share, "no episode has a 'tamper' part")
     hits = [ep.episode_id for ep in eps if ep.reward_parts["tamper"] > 0.5]
-    return _share_verdict(self.name, hits, len(eps), self.max_share,
+    return share_verdict(self.name, hits, len(eps), self.max_share,
                           "programs tamper with their tests")
 
 
@@ -478,7 +364,7 @@ class TrainingStability:
   def __call__(self, evidence: Evidence) -> Verdict:
     series = evidence.series or {}
     if max((len(v) for v in series.values()), default=0) < 2 * self.window:
-      return _skip(self.name, self.min_signals,
+      return not_applicable(self.name, self.min_signals,
                    f"fewer than {2 * self.window} steps of training series")
     signals = drift_signals(series, self.window, **self.signal_kw)
     failed = (len(signals) >= self.min_signals
@@ -496,8 +382,7 @@ register = registrar(VALIDATORS, "validator")
 
 
 for _cls in (ProxyTrueDisagreement, StrictVerifierAgreement, LengthGaming, AnswerSpamming,
-             LeakDetector, HistoryLeak, CanaryPrompts, ExploitProbe, TrainingStability,
-             TestTampering):
+             CanaryPrompts, ExploitProbe, TrainingStability, TestTampering):
   register(_cls)
 
 
@@ -517,7 +402,7 @@ def run_validators(validators: Sequence, evidence: Evidence) -> list:
   return out
 
 
-__all__ = ["SWE_GIT_HISTORY", "SWE_LEAKS", "SWE_OUTSIDE_REPO", "VALIDATORS", "AnswerSpamming", "CanaryPrompts",
-           "HistoryLeak", "LeakDetector", "LengthGaming", "ProxyTrueDisagreement", "TestTampering",
-           "TrainingStability",
-           "StrictVerifierAgreement", "register", "run_validators", "sign_test", "window_rise"]
+__all__ = ["VALIDATORS", "AnswerSpamming", "CanaryPrompts", "LengthGaming",
+           "ProxyTrueDisagreement", "StrictVerifierAgreement", "TestTampering",
+           "TrainingStability", "not_applicable", "register", "run_validators",
+           "share_verdict", "sign_test", "window_rise"]

@@ -12,7 +12,7 @@ import pytest
 
 from evotrainer.eval.pipeline_check import math_probes, repeatability, task_eval_check
 from evotrainer.evolution.controller import EvaluationPipelineError
-from evotrainer.tasks.math import MathTask
+from evotrainer.tasks.math.task import MathTask
 from tests.evolution.test_controller import REPO, ScriptedTrainer, make
 from tests.user_components import AcceptAllVerifier
 

@@ -11,7 +11,7 @@ from evotrainer import sandbox
 from evotrainer.evolution.controller import Controller
 from evotrainer.evolution.ledger import Ledger
 from evotrainer.evolution.search_space import ChoiceKnob, SearchSpace
-from evotrainer.harness.validators import HistoryLeak
+from evotrainer.tasks.swe.validators import HistoryLeak
 from evotrainer.rollouts.store import RolloutStore
 from evotrainer.tasks.swe import agents, episode as episode_lib, repo, tools
 from evotrainer.tasks.swe import runner as runner_lib

@@ -401,7 +401,7 @@ class LenientLabelsTrainer(ShiftTrainer):
 
 
 def test_the_strict_verifier_rejects_a_branch_trained_on_lenient_labels(tmp_path):
-  from evotrainer.tasks.math import MathTask
+  from evotrainer.tasks.math.task import MathTask
   shifts = {"'rloo'": _shift(1.0, 0.1, 0.0)}
   with MathTask(num_validation=10, num_test=10) as task:
     c, ledger, _ = make(tmp_path, {}, trainer=LenientLabelsTrainer(shifts), branches=1,
@@ -423,7 +423,7 @@ def test_the_strict_verifier_rejects_a_branch_trained_on_lenient_labels(tmp_path
 
 
 def test_math_strict_verify_by_hand():
-  from evotrainer.tasks.math import MathTask
+  from evotrainer.tasks.math.task import MathTask
   with MathTask(num_validation=10, num_test=10) as task:
     assert task.strict_verify("7", "3+4 = 7\n<answer>7</answer>")
     assert task.strict_verify("7", "<answer>7.0</answer>")

@@ -9,8 +9,8 @@ from evotrainer.harness.probes import (_wrong, exploit_recoveries, exploit_recov
                                        gold_in_steps, number_spam, padding)
 from evotrainer.harness.rewards import OverlongPenalty, RewardComposer
 from evotrainer.harness.validators import VALIDATORS, ExploitProbe
-from evotrainer.tasks.math import MathTask
-from evotrainer.tasks.verify import extract_answer
+from evotrainer.tasks.answers import extract_answer
+from evotrainer.tasks.math.task import MathTask
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 
 from evotrainer.harness import validators as vl
 from evotrainer.harness.base import Evidence, Validator
-from evotrainer.tasks.verify import extract_answer
+from evotrainer.tasks.answers import extract_answer
 from evotrainer.types import Episode
 from tests.harness import make_episode
 
@@ -130,28 +130,6 @@ def test_answer_spamming():
   assert verdict.value == pytest.approx(0.2) and "v0/0/0" in verdict.reason
 
 
-def test_leak_detector_git_history():
-  v = vl.LeakDetector()
-  clean = [ep(i, "I read the file and fix it", info={"tool_calls": [
-      {"name": "grep_code", "args": {"pattern": "def parse"}}]}) for i in range(4)]
-  check(v(evidence(clean)), v, True)
-  leaky = clean + [ep(9, "let me look around", info={"tool_calls": [
-      {"name": "run_in_terminal", "args": {"cmd": "git  log -p -- src/parse.py"}}]})]
-  verdict = v(evidence(leaky))
-  check(verdict, v, False)
-  assert verdict.value == pytest.approx(1 / 5) and "v0/0/9" in verdict.reason
-  assert "git" in verdict.reason
-
-
-def test_leak_detector_domain_patterns():
-  v = vl.LeakDetector(patterns=[r"answer_key\.json"], max_share=0.25)
-  eps = [ep(0, "open answer_key.json"), ep(1), ep(2), ep(3)]
-  check(v(evidence(eps)), v, True)  # 1 of 4 = 0.25 is allowed
-  check(v(evidence(eps + [ep(4, "cat ANSWER_KEY.json")])), v, False)  # case-insensitive
-  with pytest.raises(ValueError, match="regex"):
-    vl.LeakDetector(patterns=["("])
-
-
 # ------------------------------------------------------------------ canaries
 
 
@@ -232,10 +210,13 @@ def test_canary_fall_without_per_canary_results_counts_as_is():
 
 
 def test_library_and_runner():
-  assert set(vl.VALIDATORS) == {"proxy_true_disagreement", "strict_verifier_agreement",
-                                "length_gaming", "answer_spamming", "leak_detector",
-                                "history_leak", "canary_prompts", "exploit_probe",
-                                "training_stability", "test_tampering"}
+  own = {n for n, cls in vl.VALIDATORS.items() if cls.__module__ == vl.__name__}
+  assert own == {"proxy_true_disagreement", "strict_verifier_agreement", "length_gaming",
+                 "answer_spamming", "canary_prompts", "exploit_probe",
+                 "training_stability", "test_tampering"}
+  # The rest are the domains' (tasks/swe/validators.py), registered when imported.
+  assert all(cls.__module__.startswith("evotrainer.tasks.")
+             for n, cls in vl.VALIDATORS.items() if n not in own)
   validators = [cls() for cls in vl.VALIDATORS.values()]
   assert all(isinstance(v, Validator) for v in validators)
   verdicts = vl.run_validators(validators, evidence([ep(i) for i in range(4)]))
@@ -258,8 +239,8 @@ def test_gin_binds_validator_knobs():
   gin.clear_config()
   try:
     gin.parse_config("harness.LengthGaming.max_corr = 0.2\n"
-                     "harness.LeakDetector.patterns = ['rm -rf']")
+                     "harness.CanaryPrompts.max_drop = 0.1")
     assert vl.LengthGaming().max_corr == 0.2
-    assert [p.pattern for p in vl.LeakDetector().patterns] == ["rm -rf"]
+    assert vl.CanaryPrompts().max_drop == 0.1
   finally:
     gin.clear_config()

@@ -15,7 +15,7 @@ from evotrainer.model import ModelConfig, Transformer
 from evotrainer.sampling import Sampler, SamplingParams, left_pad
 from evotrainer.sharding.mesh import create_model, make_mesh
 from evotrainer.sharding.rules import LEARNER_RULES
-from evotrainer.tasks.math import MathTask
+from evotrainer.tasks.math.task import MathTask
 from evotrainer.tokenizers import SentencePieceTokenizer
 
 # gin/model/tiny.gin

@@ -11,7 +11,7 @@ import pytest
 from evotrainer.tasks.base import Task, check_disjoint
 from evotrainer.tasks.datasets import (DatasetTask, ProblemDataset, ProblemSource,
                                        materialize)
-from evotrainer.tasks.math import MathTask
+from evotrainer.tasks.math.task import MathTask
 
 NUM_TRAIN, SEED = 30, 5
 

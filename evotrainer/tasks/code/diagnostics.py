@@ -1,5 +1,5 @@
-"""Code-domain diagnostics over tasks/code.py's reward parts (registered in
-`diagnostics.DIAGNOSTICS` like every library diagnostic):
+"""Code-domain diagnostics over task.py's reward parts (registered in the harness's
+`diagnostics.DIAGNOSTICS` when this module is imported, like every library diagnostic):
   syntax_error_rate     share of programs that do not compile (stop 'syntax_error')
   timeout_rate          share of programs that ran out of time (stop 'timeout', after the
                         re-run alone)
@@ -20,7 +20,7 @@ Format failures and dead groups are the library's `format_failure` and
 `dead_group_ratio`, which read the same parts. Each reports nothing on episodes without
 the code parts (math), so the library stays usable everywhere.
 
-The integrity checks are validators (validators.py): `test_tampering`, and
+The integrity checks are validators (harness/validators.py): `test_tampering`, and
 `exploit_probe`, which for a `CodeTask` scores a lying program (prints "all tests
 passed", exits 0 before any test) against a right and a wrong one
 (`CodeTask.exploit_completions`, harness/probes.py).
@@ -34,6 +34,7 @@ import gin
 import numpy as np
 
 from evotrainer.harness.base import Report, groups_of
+from evotrainer.harness.diagnostics import register
 from evotrainer.harness.diagnostics_base import (EPS, ThresholdDiagnostic, evidence_of,
                                                  rewards_of)
 from evotrainer.types import Episode
@@ -208,6 +209,11 @@ class PassFractionSpread(ThresholdDiagnostic):
                        lambda: f"pass-fraction spread inside groups {value:.3f} < "
                                f"{self.threshold}: {len(flat)} of {len(groups)} groups flat",
                        lambda: evidence_of(flat, range(len(flat))))
+
+
+for _cls in (SyntaxErrorRate, TimeoutRate, PassFractionSpread, HardcodedOutputs, ProseRate,
+             BrokenFence, WrongNameRate, RunawayLength):
+  register(_cls)
 
 
 __all__ = ["BrokenFence", "HardcodedOutputs", "PassFractionSpread", "ProseRate",

@@ -1,7 +1,7 @@
 """`CodeTask`: the policy writes a program; hidden tests run it in the sandbox.
 
 Sources (named in `CodeTask.sources`):
-  procedural   built in (tasks/code_problems.py): templates with reference solutions and
+  procedural   built in (tasks/code/problems.py): templates with reference solutions and
                hidden tests at `difficulty` 1..3, function-writing and stdin/stdout
                (`kinds`); level 1 is learnable by the tiny from-scratch model.
   jsonl        users' own problems, one JSON object a line (`load_jsonl`, schema below).
@@ -51,8 +51,8 @@ Reward parts (`score_many`, one sandbox run per completion, batched on a `CellPo
                harness (`TAMPER_PATTERNS`: os._exit, frames, builtins, the driver's files)
   hardcoded    1 when the program special-cases inputs (>= 2 `if x == literal` tests) or
                holds >= 2 hidden expected outputs as literals the statement does not show
-  malformed    1 when the completion was refused unread (over `verify.MAX_TEXT_CHARS`)
-  stop_<r>     one-hot stop reason r in `code_exec.STOPS` + ('malformed',):
+  malformed    1 when the completion was refused unread (over `answers.MAX_TEXT_CHARS`)
+  stop_<r>     one-hot stop reason r in `executor.STOPS` + ('malformed',):
                `rollouts.stop_reason` puts it in `episode.info['stop']`
 """
 
@@ -69,14 +69,14 @@ from typing import Optional, Sequence
 import gin
 
 from evotrainer import sandbox
-from evotrainer.tasks import code_exec
+from evotrainer.tasks.answers import MAX_TEXT_CHARS, too_long
 from evotrainer.tasks.base import (BadRow, JsonlFile, JsonlSource, ProceduralSource, Problem,
                                    bad_row, check_fractions, check_on_bad_row,
                                    check_task_args, heldout_set, json_object, read_jsonl,
                                    take_heldout, train_draws)
-from evotrainer.tasks.code_problems import (KINDS, fence, humaneval_problems,
+from evotrainer.tasks.code import executor
+from evotrainer.tasks.code.problems import (KINDS, fence, humaneval_problems,
                                             procedural_code_problem)
-from evotrainer.tasks.verify import MAX_TEXT_CHARS, too_long
 
 __all__ = ["CHAT_INSTRUCTIONS", "CodeTask", "HOW", "defines", "extract_code", "load_jsonl",
            "MAX_PROGRAM_CHARS", "STOP_PARTS", "TAMPER_PATTERNS", "hardcoded",
@@ -85,7 +85,7 @@ __all__ = ["CHAT_INSTRUCTIONS", "CodeTask", "HOW", "defines", "extract_code", "l
 MAX_PROGRAM_CHARS = 20_000  # a longer fenced block is not run (format 0, no code)
 _LANGS = ("", "python", "py", "python3")
 HOW = ("fenced", "unclosed", "bare", "other", "none")  # how `read_code` found the program
-STOP_PARTS = tuple(f"stop_{s}" for s in code_exec.STOPS + ("malformed",))
+STOP_PARTS = tuple(f"stop_{s}" for s in executor.STOPS + ("malformed",))
 TAMPER_PATTERNS = (r"\bos\s*\.\s*_exit\b", r"_getframe", r"\bsys\s*\.\s*modules\b",
                    r"\b__builtins__\b", r"\bimport\s+builtins\b", r"\bsettrace\b",
                    r"\bsetprofile\b", r"\bgc\s*\.\s*get_(objects|referrers)\b",
@@ -328,7 +328,7 @@ def _items(problems: Sequence[Problem], programs: Sequence[Optional[str]]) -> li
 
 def _run_references(problems, pool, timeout_s, per_test_s) -> list:
   if pool is not None:
-    return code_exec.run_programs(pool, _items(problems, [p.answer for p in problems]),
+    return executor.run_programs(pool, _items(problems, [p.answer for p in problems]),
                                   timeout_s, per_test_s)
   with sandbox.CellPool() as own:
     return _run_references(problems, own, timeout_s, per_test_s)
@@ -485,13 +485,13 @@ class CodeTask:
                        f"completions")
     read = self._read(problems, completions)
     programs = [code for code, _ in read]
-    outs = code_exec.run_programs(self.pool, _items(problems, programs), self.timeout_s,
+    outs = executor.run_programs(self.pool, _items(problems, programs), self.timeout_s,
                                   self.per_test_s)
     return [self._parts(p, c, prog, how, o)
             for p, c, (prog, how), o in zip(problems, completions, read, outs)]
 
   def _parts(self, p: Problem, completion: str, program: Optional[str], how: str,
-             o: code_exec.Outcome) -> dict[str, float]:
+             o: executor.Outcome) -> dict[str, float]:
     malformed = too_long(completion)
     stop = "malformed" if malformed else o.stop
     entry = p.meta.get("entry_point")

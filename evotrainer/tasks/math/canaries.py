@@ -11,10 +11,10 @@ File schema (JSONL, one object a line): `{"prompt": "12+7=", "answer": "19"}`; b
 non-empty strings. A malformed row is an error naming file:line.
 
 Shipped sets (`data/canaries/`): `tiny_arithmetic_d{1,2,3}.jsonl`, 128 prompts each,
-written by `python -m evotrainer.tasks.math` (`write_default_canaries`, beside the
+written by `python -m evotrainer.tasks.math.task` (`write_default_canaries`, beside the
 generator) from validation-split prompts beyond the first 500 validation problems (the
 main job's validation set); once written, a file's answers no longer depend on the
-generator, and tests/tasks/test_canaries.py re-checks each by an independent sum.
+generator, and tests/tasks/math/test_canaries.py re-checks each by an independent sum.
 """
 
 from __future__ import annotations

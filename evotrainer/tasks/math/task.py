@@ -41,15 +41,16 @@ from typing import Optional, Sequence
 
 import gin
 
-from evotrainer.tasks import canaries
+from evotrainer.tasks.answers import (METHODS, answer_tag, boxed_contents, count_candidates,
+                                      extract_answer, fast_verdict, numbers_in, parse_number,
+                                      too_long)
 from evotrainer.tasks.base import (HELDOUT_KEYS, MAX_ROW_CHARS, BadRow, DataError,
                                    JsonlFile, JsonlSource, ProceduralSource, Problem,
                                    check_disjoint, check_fractions, check_task_args,
                                    heldout_set, json_object, read_jsonl, split_of,
                                    train_draws)
-from evotrainer.tasks.verify import (METHODS, VerifierPool, answer_tag, boxed_contents,
-                                     count_candidates, extract_answer, fast_verdict,
-                                     numbers_in, parse_number, too_long)
+from evotrainer.tasks.math import canaries
+from evotrainer.tasks.math.verify import VerifierPool
 
 log = logging.getLogger(__name__)
 
@@ -306,12 +307,12 @@ class MathTask:
     on_bad_row: "skip" (log with file:line and count in `bad_rows`) or "error" (raise).
     prompt_template: `str.format` template with a `{question}` field. Tiny models want
       just "{question}".
-    answer_methods: extraction methods tried in order (see `verify.METHODS`).
+    answer_methods: extraction methods tried in order (see `answers.METHODS`).
     format_methods: extraction methods that count as following the format.
     verifier: a `VerifierPool` to share; by default one is created on first need.
     verify_workers, verify_timeout_s: for the pool created here.
     max_row_chars: a JSONL row longer than this is malformed (`on_bad_row` applies).
-    canary_file: canary prompts with known answers (`tasks/canaries.py`: JSONL of
+    canary_file: canary prompts with known answers (`tasks/math/canaries.py`: JSONL of
       `{"prompt", "answer"}`), scored on every version for the `canary_prompts`
       validator. 'default': the shipped set for `tiny_arithmetic` at this difficulty
       (none for other sources); None or '': no canaries.
@@ -446,7 +447,7 @@ class MathTask:
     (1 when the gold number appears anywhere in the completion: gameable, see `_contains`),
     `n_candidates` (distinct answers the completion marks; > 1 suggests answer spam) and
     `malformed` (1 when the completion or its answer was refused unread as too long or
-    too deeply nested, `verify.too_long` / `verify.malformed`; then `correct` and
+    too deeply nested, `answers.too_long` / `answers.malformed`; then `correct` and
     `partial` are 0). Total: any text gives parts in these ranges and never raises.
     """
     if len(problems) != len(completions):
@@ -484,7 +485,7 @@ class MathTask:
 
 
 def write_default_canaries() -> list[pathlib.Path]:
-  """Writes the shipped canary sets of tiny_arithmetic (tasks/canaries.py says how they
+  """Writes the shipped canary sets of tiny_arithmetic (tasks/math/canaries.py says how they
   are chosen); returns their paths."""
   canaries.DATA.mkdir(parents=True, exist_ok=True)
   out = []

@@ -1,5 +1,5 @@
-"""SWE-domain diagnostics over tool-using episodes (registered in `diagnostics.DIAGNOSTICS`
-like every library diagnostic):
+"""SWE-domain diagnostics over tool-using episodes (registered in the harness's
+`diagnostics.DIAGNOSTICS` when this module is imported, like every library diagnostic):
   tool_mix          shares of search (list_dir, read_file, grep), edit (search_replace) and
                     test (run_tests) calls, and the entropy of the tool distribution;
                     finding when the entropy falls below the threshold (one tool only)
@@ -12,12 +12,12 @@ like every library diagnostic):
   git_usage         share of episodes calling the `git` tool, of those the share that
                     read the history, and the share of all episodes reading history by
                     any route (`history_access`); finding when any episode reads it
-They read `info['tool_calls']` (dicts with `name`, `turn`, `ok`: tasks/swe/episode.py)
+They read `info['tool_calls']` (dicts with `name`, `turn`, `ok`: episode.py)
 and `info['stop']`; turns and stop reasons are the library's `turns` and
 `stop_reasons`. Each reports nothing on episodes without tool calls (math, code), so the
 library stays usable everywhere. Leaks (git history, paths outside the repository) and
-tampering are validators: `leak_detector`, `history_leak` (which judges with
-`history_access`, defined here), `test_tampering`.
+tampering are validators: `leak_detector`, `history_leak` (validators.py, which judges
+with `history_access`, defined here), `test_tampering` (harness/validators.py).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import gin
 import numpy as np
 
 from evotrainer.harness.base import Report
+from evotrainer.harness.diagnostics import register
 from evotrainer.harness.diagnostics_base import ThresholdDiagnostic, evidence_of
 from evotrainer.types import Episode
 
@@ -282,6 +283,10 @@ class GitUsage(ThresholdDiagnostic):
                                f"repository's history (e.g. {reads[leaked[0]][0]})",
                        lambda: evidence_of(have, leaked, lambda e: ", ".join(
                            history_reads(e))[:60]))
+
+
+for _cls in (ToolMix, FirstEditTurn, ToolStreak, EchoTrapRate, GitUsage):
+  register(_cls)
 
 
 __all__ = ["EchoTrapRate", "FirstEditTurn", "GIT_HISTORY_TEXT", "GitUsage",

@@ -24,7 +24,7 @@ import shutil
 import subprocess
 from typing import Sequence
 
-from evotrainer.tasks.code import TAMPER_PATTERNS
+from evotrainer.tasks.code.task import TAMPER_PATTERNS
 from evotrainer.tasks.swe import runner as runner_lib
 from evotrainer.tasks.swe.records import SweTask
 

@@ -7,15 +7,14 @@ from evotrainer.evolution.proposers import skill_hypotheses
 from evotrainer.evolution.search_space import DictWeightKnob, FloatKnob, SearchSpace
 from evotrainer.harness.base import Evidence
 from evotrainer.harness.diagnostics import DIAGNOSTICS, run_diagnostics
-from evotrainer.harness.diagnostics_code import (BrokenFence, HardcodedOutputs,
-                                                 PassFractionSpread, ProseRate,
-                                                 RunawayLength, SyntaxErrorRate,
-                                                 TimeoutRate, WrongNameRate)
 from evotrainer.harness.probes import exploit_recovery
 from evotrainer.harness.rewards import RewardComposer
 from evotrainer.harness.validators import VALIDATORS, ExploitProbe, TestTampering
-from evotrainer.tasks.code import CodeTask
-from evotrainer.tasks.code_problems import fence
+from evotrainer.tasks.code.diagnostics import (BrokenFence, HardcodedOutputs,
+                                               PassFractionSpread, ProseRate, RunawayLength,
+                                               SyntaxErrorRate, TimeoutRate, WrongNameRate)
+from evotrainer.tasks.code.problems import fence
+from evotrainer.tasks.code.task import CodeTask
 from evotrainer.types import Episode
 
 

@@ -5,11 +5,11 @@ tests/fuzz_text.py."""
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from evotrainer.tasks.code import (MAX_PROGRAM_CHARS, CodeTask, extract_code, hardcoded,
-                                   reaches_for_harness)
-from evotrainer.tasks.verify import MAX_TEXT_CHARS
+from evotrainer.tasks.answers import MAX_TEXT_CHARS
+from evotrainer.tasks.code.task import (MAX_PROGRAM_CHARS, CodeTask, extract_code, hardcoded,
+                                        reaches_for_harness)
 from tests.fuzz_text import FUZZ, model_text, within
-from tests.tasks.test_code import ADD7
+from tests.tasks.code.test_task import ADD7
 
 OPEN_FENCES = "```python\n" * 20_000
 NESTED = "```python\n" + "(" * 5_000 + "\n```"

@@ -7,14 +7,14 @@ import re
 import pytest
 
 from evotrainer import sandbox
-from evotrainer.tasks import code_exec
-from evotrainer.tasks.base import Problem, check_disjoint, normalize_prompt
 from evotrainer import tokenizers as tk
-from evotrainer.tasks.code import (CHAT_INSTRUCTIONS, STOP_PARTS, CodeTask, defines,
-                                   extract_code, hardcoded, load_jsonl,
-                                   reaches_for_harness, read_code)
-from evotrainer.tasks.code_problems import (TEMPLATES, fence, humaneval_problems,
+from evotrainer.tasks.base import Problem, check_disjoint, normalize_prompt
+from evotrainer.tasks.code import executor
+from evotrainer.tasks.code.problems import (TEMPLATES, fence, humaneval_problems,
                                             procedural_code_problem)
+from evotrainer.tasks.code.task import (CHAT_INSTRUCTIONS, STOP_PARTS, CodeTask, defines,
+                                        extract_code, hardcoded, load_jsonl,
+                                        reaches_for_harness, read_code)
 from evotrainer.rollouts import stop_reason
 from tests.test_tokenizers import save_hf
 
@@ -195,7 +195,7 @@ def test_a_timeout_is_rerun_once_alone_and_the_second_record_counts():
       return sandbox.RunResult(sandbox.Status.OK, 0, out, "", False, False, 0.1, 0.1)
 
   pool = FlakyPool()
-  (out,) = code_exec.run_programs(pool, [("def f(x): return x+7", "function",
+  (out,) = executor.run_programs(pool, [("def f(x): return x+7", "function",
                                           ADD7.meta["tests"], "f")], 3.0, 1.0)
   assert pool.map_calls == 1 and len(pool.run_calls) == 1
   assert (out.stop, out.passed) == ("passed", 3)

@@ -7,9 +7,9 @@ import re
 import numpy as np
 import pytest
 
-from evotrainer.tasks import canaries
 from evotrainer.tasks.base import DataError, split_of
-from evotrainer.tasks.math import MathTask
+from evotrainer.tasks.math import canaries
+from evotrainer.tasks.math.task import MathTask
 
 
 def _by_hand(expr: str) -> int:

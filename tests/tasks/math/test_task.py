@@ -10,9 +10,9 @@ import gin
 import pytest
 
 from evotrainer.tasks.base import Problem, Task, check_disjoint, split_of
-from evotrainer.tasks.math import (HELDOUT_KEYS, PROCEDURAL_SOURCES, MathTask, load_jsonl,
-                                   procedural_problem)
-from evotrainer.tasks.verify import VerifierPool
+from evotrainer.tasks.math.task import (HELDOUT_KEYS, PROCEDURAL_SOURCES, MathTask, load_jsonl,
+                                        procedural_problem)
+from evotrainer.tasks.math.verify import VerifierPool
 
 
 

@@ -11,14 +11,14 @@ import pytest
 
 from evotrainer.harness.base import Evidence
 from evotrainer.harness.diagnostics import DIAGNOSTICS, run_diagnostics
-from evotrainer.harness.diagnostics_swe import (EchoTrapRate, FirstEditTurn, GitUsage,
-                                                ToolMix, ToolStreak, history_access,
-                                                longest_streak)
 from evotrainer.harness.rewards import RewardComposer
-from evotrainer.harness.validators import VALIDATORS, HistoryLeak, LeakDetector, TestTampering
+from evotrainer.harness.validators import VALIDATORS, TestTampering
 from evotrainer.tasks.swe import episode as episode_lib
 from evotrainer.tasks.swe import tools
+from evotrainer.tasks.swe.diagnostics import (EchoTrapRate, FirstEditTurn, GitUsage, ToolMix,
+                                              ToolStreak, history_access, longest_streak)
 from evotrainer.tasks.swe.repo import Grade
+from evotrainer.tasks.swe.validators import HistoryLeak, LeakDetector
 from evotrainer.types import Episode
 
 from tests.tasks.swe.conftest import TOY, write_toy

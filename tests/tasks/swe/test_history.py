@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from evotrainer import sandbox
 from evotrainer.harness.base import Evidence
-from evotrainer.harness.diagnostics_swe import GitUsage, history_access
-from evotrainer.harness.validators import HistoryLeak, LeakDetector
-from evotrainer.tasks.swe import episode as episode_lib
 from evotrainer.tasks.swe import agents, git_tool, repo, tools
+from evotrainer.tasks.swe import episode as episode_lib
+from evotrainer.tasks.swe.diagnostics import GitUsage, history_access
+from evotrainer.tasks.swe.validators import HistoryLeak, LeakDetector
 from evotrainer.types import Episode
 
 from tests.fuzz_text import FUZZ, model_text, within

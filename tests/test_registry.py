@@ -1,0 +1,34 @@
+"""registry.register_builtins: every built-in configurable module is loaded, the domains'
+diagnostics and validators among them, in the harness libraries' order."""
+
+import gin
+
+from evotrainer import registry
+
+
+def test_builtins_register_the_domains_in_the_harness_libraries():
+  registry.register_builtins()
+  from evotrainer.harness.diagnostics import DIAGNOSTICS  # pylint: disable=import-outside-toplevel
+  from evotrainer.harness.validators import VALIDATORS  # pylint: disable=import-outside-toplevel
+  # The library's order (the controller's gap search walks it): the harness's own, then
+  # code's, then SWE's.
+  assert [n for n in DIAGNOSTICS if n != "domain"] == [
+      "bc", "reward", "score_trend", "dead_group_ratio", "reward_spread", "advantage_health",
+      "length_reward_corr", "format_failure", "answer_spamming", "repetition", "entropy",
+      "kl", "clip_fraction", "grad_norm", "length", "truncation", "turns", "stop_reasons",
+      "training_drift", "syntax_error_rate", "timeout_rate", "pass_fraction_spread",
+      "hardcoded_outputs", "tool_mix", "first_edit_turn", "tool_streak", "echo_trap_rate",
+      "git_usage"]
+  assert {"leak_detector", "history_leak", "test_tampering"} <= set(VALIDATORS)
+  gin.clear_config()
+  try:  # gin knows the moved classes under their old names
+    gin.parse_config("harness.ToolMix.threshold = 0.1\n"
+                     "harness.SyntaxErrorRate.threshold = 0.3\n"
+                     "harness.HistoryLeak.max_share = 0.5\n"
+                     "tasks.MathTask.num_validation = 3\n"
+                     "tasks.CodeTask.num_validation = 3")
+    assert DIAGNOSTICS["tool_mix"]().threshold == 0.1
+    assert DIAGNOSTICS["syntax_error_rate"]().threshold == 0.3
+    assert VALIDATORS["history_leak"]().max_share == 0.5
+  finally:
+    gin.clear_config()
