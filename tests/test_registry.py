@@ -17,8 +17,8 @@ def test_builtins_register_the_domains_in_the_harness_libraries():
       "length_reward_corr", "format_failure", "answer_spamming", "repetition", "entropy",
       "kl", "clip_fraction", "grad_norm", "length", "truncation", "turns", "stop_reasons",
       "training_drift", "syntax_error_rate", "timeout_rate", "pass_fraction_spread",
-      "hardcoded_outputs", "tool_mix", "first_edit_turn", "tool_streak", "echo_trap_rate",
-      "git_usage"]
+      "hardcoded_outputs", "prose_rate", "broken_fence", "wrong_name_rate", "runaway_length",
+      "tool_mix", "first_edit_turn", "tool_streak", "echo_trap_rate", "git_usage"]
   assert {"leak_detector", "history_leak", "test_tampering"} <= set(VALIDATORS)
   gin.clear_config()
   try:  # gin knows the moved classes under their old names
