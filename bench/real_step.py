@@ -52,7 +52,7 @@ from evotrainer.learner.advantages import grpo_advantages  # noqa: E402
 from evotrainer.learner.step import Learner  # noqa: E402
 from evotrainer.model.source import policy  # noqa: E402
 from evotrainer.sampling import Sampler, SamplingParams, left_pad  # noqa: E402
-from evotrainer.tasks.code import CodeTask  # noqa: E402
+from evotrainer.tasks.code.task import CodeTask  # noqa: E402
 from evotrainer.types import TrainBatch  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
