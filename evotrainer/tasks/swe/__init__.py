@@ -21,6 +21,10 @@ A leaf (no JAX): repository code only ever runs in the sandbox (`runner.py`).
               sandbox cell on the episode's files and `.git`.
   episode.py  one episode's turns, budgets and stop reasons; its `info` record and reward
               parts (resolved, F2P fraction, tamper, tool-call validity).
+  diagnostics.py  tool mix, first edit, streaks, echo traps, git use and history reads,
+              registered in the harness's diagnostic library.
+  validators.py   the leak detector and the history leak, registered in the harness's
+              validator library.
 """
 
 from evotrainer.tasks.swe.records import Mutation, SweTask, TaskFormatError, read_jsonl, write_jsonl
