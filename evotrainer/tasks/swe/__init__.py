@@ -1,6 +1,7 @@
 """The SWE domain's tasks: bugs synthesized offline in real Python repositories.
 
-A leaf (no JAX): repository code only ever runs in the sandbox (`runner.py`).
+A leaf (no JAX), but for diagnostics.py and validators.py, which plug into the harness:
+repository code only ever runs in the sandbox (`runner.py`).
 
   sources.py  the pinned source distributions (data/swe_sources.json): pip
               download into a cache, sha256 check, extraction.
