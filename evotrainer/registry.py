@@ -22,6 +22,9 @@ def register_builtins() -> None:
   import evotrainer.eval.heldout  # noqa: F401
   import evotrainer.model.config  # noqa: F401
   import evotrainer.model.source  # noqa: F401
+  import evotrainer.modes.branch  # noqa: F401
+  import evotrainer.modes.evolve  # noqa: F401
+  import evotrainer.modes.sweep  # noqa: F401
   import evotrainer.run  # noqa: F401
   import evotrainer.sampling.sampler  # noqa: F401
   import evotrainer.sharding.mesh  # noqa: F401

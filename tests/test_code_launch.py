@@ -14,7 +14,7 @@ from evotrainer.evolution.proposers import skill_hypotheses
 from evotrainer.evolution.search_space import SearchSpace
 from evotrainer.harness.base import Evidence
 from evotrainer.harness.validators import ExploitProbe
-from evotrainer.run import _exploit_recovery
+from evotrainer.modes.branch import exploit_recovery
 from evotrainer.tasks.code.task import CodeTask
 from evotrainer.types import Finding
 
@@ -37,13 +37,13 @@ def parsed():
 def _recovery(bindings, parsed) -> float:
   parsed(["gin/code_hackable.gin"], bindings)
   with CodeTask(num_validation=8, num_test=8) as task:
-    figures = _exploit_recovery(task, _Tok(), num_problems=8)
+    figures = exploit_recovery(task, _Tok(), num_problems=8)
   assert figures["exploit_recovery/lying_program"] == figures["exploit_recovery"]
   return figures["exploit_recovery"]
 
 
 def test_the_hackable_reward_option_is_refused_by_the_exploit_probe(parsed):
-  # What a branch computes for its result (run._branch): its own composer's recovery.
+  # What a branch computes for its result (modes/branch.py): its own composer's recovery.
   gamed = _recovery(["RewardComposer.parts = {'correct': 1.0, 'self_report': 2.0}"], parsed)
   honest = _recovery(["RewardComposer.parts = {'correct': 1.0, 'partial': 0.5}"], parsed)
   assert gamed == pytest.approx(2 / 3) and honest == pytest.approx(0.0)

@@ -1,4 +1,4 @@
-"""run.py: the mode dispatch, the test-split evaluation it reports (eval/heldout.py)
+"""run.py and modes/: the mode dispatch, the test-split evaluation it reports (eval/heldout.py)
 against figures worked out by hand from a scripted rollout, and branch mode's files
 (branch_result.json beside test_eval.json, the saved model) against the values the test
 itself computes. Training is replaced by a scripted `train`: nothing here compiles a
@@ -16,6 +16,8 @@ from flax import nnx
 
 from evotrainer import checkpoint
 from evotrainer import run as run_lib
+from evotrainer.modes import branch as branch_mode
+from evotrainer.modes import evolve as evolve_mode
 from evotrainer import train as train_lib
 from evotrainer.eval.heldout import EvalConfig, evaluate_test_split
 from evotrainer.evolution.ledger_mirror import open_ledger
@@ -134,7 +136,7 @@ def test_a_sweep_without_a_file_is_an_error_before_any_ledger(tmp_path, clean_gi
   from evotrainer.evolution.sweep import SweepError
   from tests.evolution.test_controller import space
   with pytest.raises(SweepError, match="needs a sweep file"):
-    run_lib.evolve(str(tmp_path), 0, space=space(), mode="sweep")
+    evolve_mode.evolve(str(tmp_path), 0, space=space(), mode="sweep")
   assert not (tmp_path / "ledger.sqlite").exists()
 
 
@@ -208,9 +210,9 @@ def test_branch_writes_its_result_and_test_figures_against_values_by_hand(
   monkeypatch.setattr(train_lib, "train", _fake_train(nnx.state(trained, nnx.Param), rollout,
                                                       calls))
   exploit = {"exploit_recovery": 0.25, "exploit_recovery/echo": 0.25}
-  monkeypatch.setattr(run_lib, "_exploit_recovery", lambda task, tok: dict(exploit))
+  monkeypatch.setattr(branch_mode, "exploit_recovery", lambda task, tok: dict(exploit))
 
-  returned = run_lib._branch(str(tmp_path), model, None, task, None, 3, None)
+  returned = branch_mode.train_branch(str(tmp_path), model, None, task, None, 3, None)
   assert calls == [("v2.1", 3, None)]  # no parent: trains from the model as given
   written = json.loads((tmp_path / "branch_result.json").read_text())
   assert written == returned == {
@@ -232,5 +234,5 @@ def test_branch_writes_its_result_and_test_figures_against_values_by_hand(
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   # Finished before a crash of its caller: the stored result, nothing trained again.
   monkeypatch.setattr(train_lib, "train", None)
-  assert run_lib._branch(str(tmp_path), None, None, task, None, 3, None) == written
+  assert branch_mode.train_branch(str(tmp_path), None, None, task, None, 3, None) == written
 

@@ -1,6 +1,6 @@
 """The record one branch's training hands back to the controller: `branch_result.json`.
 
-Written by the branch process (run.py, `run.mode='branch'`) through `to_json`, read by
+Written by the branch process (modes/branch.py, `run.mode='branch'`) through `to_json`, read by
 the controller's trainers (trainer.py, pod.py) through `read`. One definition on both
 sides: a key the reader does not know, or a required key it lacks, is an error naming
 the file and the keys, never silently dropped. `steps` and `canary` may be absent (files

@@ -49,7 +49,7 @@ that do the steps, each a class that takes what it needs as arguments:
   gates.py              human gates
 Each part's knobs are a frozen dataclass registered with gin (`VerifyConfig.alpha`,
 `EscalationConfig.escalate_after`, `HarnessEvolutionConfig.separation`,
-`GateConfig.poll_s`, ...); the loop's own (`LoopConfig`) are `evolve.*` knobs (run.py).
+`GateConfig.poll_s`, ...); the loop's own (`LoopConfig`) are `evolve.*` knobs (modes/evolve.py).
 Their public names are re-exported here.
 
 Resume: everything is in the ledger (plans, results, gate approvals, escalations under
@@ -95,7 +95,7 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
-  """Knobs of the loop itself; in a run they are `evolve.*` gin knobs (run.py).
+  """Knobs of the loop itself; in a run they are `evolve.*` gin knobs (modes/evolve.py).
 
   Attributes:
     domain: the domain skill outcomes are recorded under.

@@ -4,7 +4,7 @@ A version can drift while its held-out score still rises: entropy climbing, comp
 creeping to the token limit, the clip fraction growing, the sampled reward falling from
 its best. Its children then collapse whatever they change. `drift_signals` compares the
 mean of the segment's last `window` steps with its first `window` steps (the reward: with
-its best window) for each series a branch records (run.py `_branch_result`):
+its best window) for each series a branch records (modes/branch.py `branch_result`):
 
   entropy     relative rise > `entropy_rise` (and by more than `min_entropy_rise` nats)
   length      mean completion length, relative rise > `length_rise`

@@ -8,7 +8,7 @@ import pytest
 from evotrainer.evolution.branch_result import BranchResult, BranchResultError
 from evotrainer.evolution.trainer import SubprocessTrainer
 
-# A file as a branch writes it (run.py, branch mode), key order included.
+# A file as a branch writes it (modes/branch.py), key order included.
 FILE = {"version": "v1.0", "steps": 3, "initial": {"avg8": 0.25},
         "final": {"avg8": 0.5, "exploit_recovery": 0.0}, "checkpoint": "/w/v1.0/model",
         "rollouts": "/w/v1.0/rollouts", "per_problem": {"p0": 0.5, "p1": 0.0},
@@ -63,7 +63,7 @@ def test_a_file_that_is_not_an_object_is_an_error_naming_it(tmp_path, text, says
 
 
 class _Store:
-  """The two RolloutStore calls run.py makes: the held-out steps and one step's episodes."""
+  """The two RolloutStore calls modes/branch.py makes: the held-out steps and one step's episodes."""
 
   def __init__(self, episodes):
     self.episodes = episodes
@@ -77,7 +77,7 @@ class _Store:
 
 
 def test_the_record_a_branch_builds_reads_back_through_the_controllers_side(tmp_path):
-  from evotrainer import run
+  from evotrainer.modes import branch as branch_mode
   from evotrainer.types import Episode
   episodes = [Episode(f"v1.0/2/{i}", 0, task, "q", "c", "a", {"correct": c})
               for i, (task, c) in enumerate([("p1", 1.0), ("p0", 0.0), ("p1", 0.0)])]
@@ -87,8 +87,8 @@ def test_the_record_a_branch_builds_reads_back_through_the_controllers_side(tmp_
            "learner/clip_frac_low": 0.25, "learner/clip_frac_high": 0.5}]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   out = {"steps": 2, "initial": {"avg8": 0.1}, "final": {"avg8": 0.4}}
-  r = run._branch_result(str(tmp_path), "v1.0", out, str(tmp_path / "model"),
-                         _Store(episodes))
+  r = branch_mode.branch_result(str(tmp_path), "v1.0", out, str(tmp_path / "model"),
+                                _Store(episodes))
   (tmp_path / "branch_result.json").write_text(json.dumps(r.to_json()))
   back = BranchResult.read(tmp_path)
   assert back.per_problem == {"p0": 0.0, "p1": 0.5}

@@ -189,7 +189,7 @@ def test_a_sweep_runs_on_process_0_and_trains_each_variant_on_every_process(
   import gin
 
   import evotrainer.train  # noqa: F401  (registers the gin configurables the space names)
-  from evotrainer import run as run_lib
+  from evotrainer.modes import evolve as evolve_mode
   from tests.evolution.test_controller import space
   monkeypatch.setenv("EVO_TPU_POD", "1")
   store, plan = FakeStore(), json.dumps({"0": "ok", "1": "ok"})
@@ -208,7 +208,7 @@ def test_a_sweep_runs_on_process_0_and_trains_each_variant_on_every_process(
   def follower():
     mine.hosts = hosts[1]
     try:
-      out.append(run_lib.evolve(str(workdir), 3, space=space(), mode="sweep"))
+      out.append(evolve_mode.evolve(str(workdir), 3, space=space(), mode="sweep"))
     except Exception as e:  # pylint: disable=broad-except
       out.append(e)
 
@@ -216,7 +216,7 @@ def test_a_sweep_runs_on_process_0_and_trains_each_variant_on_every_process(
   thread.start()
   mine.hosts = hosts[0]
   try:
-    summary = run_lib.evolve(str(workdir), 3, space=space(), mode="sweep", backtest=False)
+    summary = evolve_mode.evolve(str(workdir), 3, space=space(), mode="sweep", backtest=False)
   finally:
     hosts[0].leave(None)
     thread.join(timeout=30)

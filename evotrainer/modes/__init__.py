@@ -1,0 +1,1 @@
+"""The run modes (`run.mode`), one module each; evotrainer/run.py dispatches to them."""
