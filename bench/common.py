@@ -5,12 +5,18 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import pathlib
 import platform
+import subprocess
+import sys
 import time
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def matmul_peak_gflops(n: int = 1024, repeats: int = 10) -> float:
@@ -66,3 +72,37 @@ def write_json(path: str | None, payload: dict) -> None:
   if path:
     with open(path, "w") as f:
       f.write(text + "\n")
+
+
+def launch_run(gin_files: list, bindings: list, workdir: pathlib.Path,
+               log: pathlib.Path) -> dict:
+  """`python -m evotrainer.launch` in a child process (its output to `log`); the run's
+  summary.json. Raises with the log's path when the run fails."""
+  cmd = [sys.executable, "-m", "evotrainer.launch", f"--workdir={workdir}",
+         *(f"--gin_file={g}" for g in gin_files), *(f"--gin_bindings={b}" for b in bindings)]
+  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", ""))
+  with open(log, "w") as f:
+    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+  if proc.returncode != 0:
+    raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}); see {log}")
+  return json.loads((workdir / "summary.json").read_text())
+
+
+def paired_interval(per_seed: Sequence[tuple[Mapping, Mapping]], n: int = 2000, seed: int = 0,
+                    alpha: float = 0.05) -> dict:
+  """{mean, lo, hi} of mean(a - b) over (a, b) = ({problem: score}, ...) pairs, one per
+  seed: the mean over seeds of each seed's mean paired difference, and a two-level
+  bootstrap interval (seeds, then problems inside each seed, with replacement)."""
+  diffs = [np.array([a[k] - b[k] for k in sorted(set(a) & set(b))], np.float64)
+           for a, b in per_seed]
+  diffs = [d for d in diffs if len(d)]
+  if not diffs:
+    return {"mean": None, "lo": None, "hi": None}
+  rng = np.random.default_rng(seed)
+  means = np.empty(n)
+  for i in range(n):
+    picked = rng.integers(0, len(diffs), len(diffs))
+    means[i] = np.mean([diffs[s][rng.integers(0, len(diffs[s]), len(diffs[s]))].mean()
+                        for s in picked])
+  lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+  return {"mean": float(np.mean([d.mean() for d in diffs])), "lo": float(lo), "hi": float(hi)}

@@ -37,19 +37,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import pathlib
 import statistics
-import subprocess
-import sys
 import time
-from typing import Mapping, Sequence
+from typing import Sequence
 
-import numpy as np
+from bench.common import launch_run, packages, paired_interval
 
-from bench.common import packages
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 ARMS = ("static", "recipe_search", "evotrainer")
 
 
@@ -98,37 +92,6 @@ def arm_launches(domain: str, seed: int, generations: int, branches: int, branch
           "recipe_search": ([d.evolve_gin], [*common, *evo, "evolve.proposer = 'recipe'"]),
           "evotrainer": ([d.evolve_gin], [*common, *evo, "evolve.proposer = 'skills'"]),
           "total_steps": total}
-
-
-def _launch(gin_files: list, bindings: list, workdir: pathlib.Path, log: pathlib.Path) -> dict:
-  cmd = [sys.executable, "-m", "evotrainer.launch", f"--workdir={workdir}",
-         *(f"--gin_file={g}" for g in gin_files), *(f"--gin_bindings={b}" for b in bindings)]
-  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", ""))
-  with open(log, "w") as f:
-    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
-  if proc.returncode != 0:
-    raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}); see {log}")
-  return json.loads((workdir / "summary.json").read_text())
-
-
-def paired_interval(per_seed: Sequence[tuple[Mapping, Mapping]], n: int = 2000, seed: int = 0,
-                    alpha: float = 0.05) -> dict:
-  """{mean, lo, hi} of mean(a - b) over (a, b) = ({problem: score}, ...) pairs, one per
-  seed: the mean over seeds of each seed's mean paired difference, and a two-level
-  bootstrap interval (seeds, then problems inside each seed, with replacement)."""
-  diffs = [np.array([a[k] - b[k] for k in sorted(set(a) & set(b))], np.float64)
-           for a, b in per_seed]
-  diffs = [d for d in diffs if len(d)]
-  if not diffs:
-    return {"mean": None, "lo": None, "hi": None}
-  rng = np.random.default_rng(seed)
-  means = np.empty(n)
-  for i in range(n):
-    picked = rng.integers(0, len(diffs), len(diffs))
-    means[i] = np.mean([diffs[s][rng.integers(0, len(diffs[s]), len(diffs[s]))].mean()
-                        for s in picked])
-  lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-  return {"mean": float(np.mean([d.mean() for d in diffs])), "lo": float(lo), "hi": float(hi)}
 
 
 def _evolve_arm(summary: dict, wd: pathlib.Path) -> dict:
@@ -201,7 +164,7 @@ def main(argv=None) -> dict:
       if (wd / "bench_done").exists():
         summary = json.loads((wd / "summary.json").read_text())
       else:
-        summary = _launch(*launches[arm], wd, root / f"{arm}-s{seed}.log")
+        summary = launch_run(*launches[arm], wd, root / f"{arm}-s{seed}.log")
       (wd / "bench_done").touch()
       arms[arm][seed] = (_static_arm(summary) if arm == "static"
                          else _evolve_arm(summary, wd))

@@ -12,7 +12,8 @@ The step is the training loop's (evotrainer/train.py) on 4 prompts x 8 samples x
   scoring     decoding the completions to text and `CodeTask.score_many` (the programs
               run in the project's sandbox); reward = the `correct` part;
   behaviour   `Learner.reference_logprobs` on the batch (the old log-probs the loop
-              recomputes by default, `train.recompute_old_logprobs`);
+              recomputes by default, `train.recompute_old_logprobs`); 0 in variants
+              that keep the sampler's log-probs (`behaviour=False`);
   learner     `Learner.step` (advantages by `grpo_advantages`), split into
   optimizer   the optax update + apply on the trainable parameters alone (timed as its
               own jitted program on the same shapes), and
@@ -68,12 +69,14 @@ class Variant:
   trainable_layers: Optional[int] = None  # Learner.trainable_layers (None: all)
   micro_batch_size: Optional[int] = None  # Learner.micro_batch_size (None: whole batch)
   share_prefill: bool = True  # Sampler.share_prefill
+  behaviour: bool = True  # train.recompute_old_logprobs (False: the sampler's log-probs)
 
 
 VARIANTS = {
     "f32-full-rowprefill": Variant(share_prefill=False),
     "f32-full": Variant(),
     "f32-top4": Variant(trainable_layers=4),
+    "f32-top4-sampler-logprobs": Variant(trainable_layers=4, behaviour=False),
     "bf16-full": Variant(dtype="bfloat16"),
     "bf16-top4": Variant(dtype="bfloat16", trainable_layers=4),
     "bf16-top4-mb8": Variant(dtype="bfloat16", trainable_layers=4, micro_batch_size=8),
@@ -112,6 +115,17 @@ class Step:
     half = self.prompts // 2
     return (self.tasks[0].train_problems(half, seed)
             + self.tasks[1].train_problems(self.prompts - half, seed))
+
+  def behaviour(self, params, train: TrainBatch) -> tuple[TrainBatch, Optional[float], float]:
+    """The batch with the learner's old log-probs, their largest gap to the sampler's and
+    the seconds spent; unchanged (gap None, 0 s) when the variant keeps the sampler's."""
+    if not self.variant.behaviour:
+      return train, None, 0.0
+    start = time.perf_counter()
+    old = jax.block_until_ready(self.learner.reference_logprobs(params, train, 1.0))
+    seconds = time.perf_counter() - start
+    gap = float(np.abs(np.asarray(old) - train.old_logprobs)[train.loss_mask].max())
+    return train.replace(old_logprobs=np.asarray(old)), gap, seconds
 
   def run(self, seed: int) -> dict:
     """One GRPO step; {phase: seconds} plus what the batch looked like."""
@@ -156,12 +170,7 @@ class Step:
         advantages=np.asarray(grpo_advantages(rewards, self.group)),
         old_logprobs=np.asarray(out.logprobs), ref_logprobs=None, completion_lengths=lengths)
 
-    start = time.perf_counter()
-    old = jax.block_until_ready(self.learner.reference_logprobs(params, train, 1.0))
-    t["behaviour"] = time.perf_counter() - start
-    mask = train.loss_mask
-    gap = float(np.abs(np.asarray(old) - train.old_logprobs)[mask].max())
-    train = train.replace(old_logprobs=np.asarray(old))
+    train, gap, t["behaviour"] = self.behaviour(params, train)
 
     start = time.perf_counter()
     self.state, metrics = self.learner.step(self.state, train, self.hp)

@@ -20,10 +20,11 @@ def train_and_test(workdir, task, model, tok, mesh, seed, sampling) -> dict:
       f"{k} {i[k]:.3f} -> {f[k]:.3f}" for k in i))
   # The test split, reported only: the warm start (the model's own parameters are
   # untouched by training) and the trained policy, with the same keys.
-  ti, _ = evaluate_test_split(result["rollout"], nnx.state(model), task)
+  ti, tiper = evaluate_test_split(result["rollout"], nnx.state(model), task)
   tf, tper = evaluate_test_split(result["rollout"], result["state"].params, task)
   if tf:
-    summary["test"] = {"initial": ti, "final": tf, "per_problem": tper}
+    summary["test"] = {"initial": ti, "final": tf, "per_problem": tper,
+                       "per_problem_initial": tiper}
     say("[evotrainer] test before -> after RL: " + ", ".join(
         f"{k} {ti[k]:.3f} -> {tf[k]:.3f}" for k in ti))
   return summary

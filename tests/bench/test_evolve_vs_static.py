@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.evolve_vs_static import paired_interval
+from bench.common import paired_interval
 
 
 def test_a_constant_shift_is_its_own_interval():

