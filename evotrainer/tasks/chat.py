@@ -23,11 +23,28 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from evotrainer.tokenizers import HFTokenizer
+
 _TURN, _OBSERVATION, _USER = "\x1eTURN\x1e", "\x1eOBSERVATION\x1e", "\x1eUSER\x1e"
 
 # The plain layout: (text before a turn's words, text between a turn and its observation,
 # text after the observation up to the next turn).
 PLAIN = (" ", "\nTool: ", "\nAssistant:")
+
+
+def chat_tokenizer(tokenizer) -> Optional[HFTokenizer]:
+  """`tokenizer` when it renders prompts in its own chat template (a Hugging Face one, e.g.
+  a pretrained policy's); None for a from-scratch tokenizer, which reads plain prompts."""
+  return tokenizer if isinstance(tokenizer, HFTokenizer) else None
+
+
+def user_turn(chat: Optional[HFTokenizer], text: str) -> str:
+  """`text` as a user turn of `chat`'s template, open for the model's reply; `text` itself
+  when `chat` is None (see `chat_tokenizer`)."""
+  if chat is None:
+    return text
+  return chat.apply_chat_template([{"role": "user", "content": text}],
+                                  add_generation_prompt=True)
 
 
 def derive_pieces(tokenizer) -> tuple[str, str, str]:

@@ -74,6 +74,7 @@ from evotrainer.tasks.base import (BadRow, JsonlFile, JsonlSource, ProceduralSou
                                    bad_row, check_fractions, check_on_bad_row,
                                    check_task_args, heldout_set, json_object, read_jsonl,
                                    take_heldout, train_draws)
+from evotrainer.tasks.chat import chat_tokenizer, user_turn
 from evotrainer.tasks.code import executor
 from evotrainer.tasks.code.problems import (KINDS, fence, humaneval_problems,
                                             procedural_code_problem)
@@ -434,8 +435,7 @@ class CodeTask:
     """Renders prompts in `tokenizer`'s own chat template when it is a Hugging Face
     tokenizer (called by the run once the policy's tokenizer exists); the plain
     `prompt_template` otherwise (a from-scratch tokenizer)."""
-    from evotrainer.tokenizers import HFTokenizer  # pylint: disable=import-outside-toplevel
-    self._chat = tokenizer if isinstance(tokenizer, HFTokenizer) else None
+    self._chat = chat_tokenizer(tokenizer)
 
   def format_prompt(self, problem: Problem) -> str:
     """The statement in `prompt_template`; with a chat tokenizer (`use_tokenizer`), plus
@@ -443,9 +443,7 @@ class CodeTask:
     question = self.prompt_template.format(question=problem.prompt)
     if self._chat is None:
       return question
-    return self._chat.apply_chat_template(
-        [{"role": "user", "content": chat_request(problem, question)}],
-        add_generation_prompt=True)
+    return user_turn(self._chat, chat_request(problem, question))
 
   # ------------------------------------------------------------------ scoring
 

@@ -49,6 +49,7 @@ from evotrainer.tasks.base import (HELDOUT_KEYS, MAX_ROW_CHARS, BadRow, DataErro
                                    check_disjoint, check_fractions, check_task_args,
                                    heldout_set, json_object, read_jsonl, split_of,
                                    train_draws)
+from evotrainer.tasks.chat import chat_tokenizer, user_turn
 from evotrainer.tasks.math import canaries
 from evotrainer.tasks.math.verify import VerifierPool
 
@@ -350,6 +351,7 @@ class MathTask:
     self.sizes = {"validation": num_validation, "test": num_test}
     self.fractions = (validation_fraction, test_fraction)
     self.prompt_template = prompt_template
+    self._chat = None  # a Hugging Face tokenizer once `use_tokenizer` gives one
     self.answer_methods = tuple(answer_methods)
     self.format_methods = tuple(format_methods)
     self._sources = [
@@ -420,9 +422,15 @@ class MathTask:
     """`n` training problems drawn by `seed` (deterministic); none is validation or test."""
     return train_draws(self._sources, self.weights, n, seed, self.fractions, "MathTask")
 
+  def use_tokenizer(self, tokenizer) -> None:
+    """Renders prompts as a user turn of `tokenizer`'s chat template when it is a Hugging
+    Face tokenizer (called by the run once the policy's tokenizer exists)."""
+    self._chat = chat_tokenizer(tokenizer)
+
   def format_prompt(self, problem: Problem) -> str:
-    """The question wrapped in `prompt_template`."""
-    return self.prompt_template.format(question=problem.prompt)
+    """The question wrapped in `prompt_template`; with a chat tokenizer (`use_tokenizer`),
+    as a user turn of the model's chat template."""
+    return user_turn(self._chat, self.prompt_template.format(question=problem.prompt))
 
   # ------------------------------------------------------------------ scoring
 

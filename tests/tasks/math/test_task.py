@@ -347,3 +347,16 @@ def test_gin_binds_math_task():
     assert task.difficulty == 2 and task.sources == ("chain_sum",)
   finally:
     gin.clear_config()
+
+
+def test_a_chat_tokenizer_gets_the_question_as_a_user_turn(tmp_path):
+  from evotrainer import tokenizers as tk
+  from tests.test_tokenizers import save_hf
+  save_hf(tmp_path, pad=True, generation_eos=[2])
+  with MathTask(num_validation=2, num_test=2, canary_file=None) as t:
+    (p,) = t.heldout_problems(1, split="test")
+    plain = f"{p.prompt}\nGive the final answer inside <answer></answer> tags."
+    assert t.format_prompt(p) == plain  # before any tokenizer: the template
+    t.use_tokenizer(tk.HFTokenizer.from_dir(str(tmp_path)))
+    assert t.format_prompt(p) == (
+        f"<|im_start|>user\n{plain}<|im_end|>\n<|im_start|>assistant\n")
