@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import machine, median_time, write_json  # noqa: E402
 from evotrainer.model import ModelConfig, Transformer  # noqa: E402
-from evotrainer.rollouts.multiturn import MultiTurnRollout, TurnBudget  # noqa: E402
+from evotrainer.rollouts.multiturn import MultiTurnEngine, TurnBudget  # noqa: E402
 from evotrainer.sampling import Sampler, SamplingParams, left_pad  # noqa: E402
 from evotrainer.tasks.base import Problem  # noqa: E402
 
@@ -193,9 +193,9 @@ def measure(batch: int, turns: int, tokens_per_turn: int, max_context: int,
   params = nnx.state(model)
   problems = task.train_problems(batch, seed=0)
   sp = SamplingParams(temperature=1.0)
-  rollout = MultiTurnRollout(task, tok, sampler, budget=budget, kv_continuation=False)
+  rollout = MultiTurnEngine(task, tok, sampler, budget=budget, kv_continuation=False)
   (kv_s, kv_gen), (best, gen) = _time_engines(
-      [MultiTurnRollout(task, tok, sampler, budget=budget), rollout], params, problems, sp,
+      [MultiTurnEngine(task, tok, sampler, budget=budget), rollout], params, problems, sp,
       repeats)
   same = bool(np.array_equal(kv_gen.tokens, gen.tokens))
   model_tokens = int(gen.loss_mask.sum())
@@ -235,7 +235,7 @@ def measure_overlap(batch: int, turns: int, tokens_per_turn: int, max_context: i
   budget = TurnBudget(max_turns=turns, max_context=max_context,
                       max_tokens_per_turn=tokens_per_turn)
   problems = task.train_problems(batch, seed=0)
-  arms = {w: MultiTurnRollout(task, tok, sampler, budget=budget, overlap_waves=w)
+  arms = {w: MultiTurnEngine(task, tok, sampler, budget=budget, overlap_waves=w)
           for w in (1, waves)}
   timed = _time_engines(list(arms.values()), nnx.state(model), problems,
                         SamplingParams(temperature=1.0), repeats)

@@ -13,7 +13,7 @@ validation and test task with the warm-started policy and grades them in the san
 `--cleared` plays the held-out tasks again on checkouts without history (with
 gin/swe_leaky.gin and `SweDomain.demonstrations = 'history'`: the leak's worth).
 
-Episodes are played by the multi-turn engine (`rollouts.multiturn.MultiTurnRollout`,
+Episodes are played by the multi-turn engine (`rollouts.multiturn.MultiTurnEngine`,
 its budgets from gin's `TurnBudget`), as training and evaluation play them.
 """
 
@@ -36,7 +36,7 @@ from evotrainer import config as config_lib  # noqa: E402
 from evotrainer import registry  # noqa: E402
 from evotrainer.learner.warmstart import _completion_row, warm_start  # noqa: E402
 from evotrainer.model.source import policy  # noqa: E402
-from evotrainer.rollouts.multiturn import MultiTurnRollout  # noqa: E402
+from evotrainer.rollouts.multiturn import MultiTurnEngine  # noqa: E402
 from evotrainer.sampling import Sampler, SamplingParams  # noqa: E402
 from evotrainer.sharding.mesh import make_mesh  # noqa: E402
 from evotrainer.sharding.rules import LEARNER_RULES  # noqa: E402
@@ -47,7 +47,7 @@ def play(model, tok, task, problems, k: int, seed: int, temperature: float):
   """k episodes per problem through the multi-turn engine (gin's `TurnBudget`)."""
   sampler = Sampler(model, pad_id=tok.pad_id, vocab_limit=tok.vocab_size
                     if tok.vocab_size < model.config.vocab_size else None)
-  gen = MultiTurnRollout(task, tok, sampler)(
+  gen = MultiTurnEngine(task, tok, sampler)(
       nnx.state(model), problems, k, jax.random.key(seed),
       SamplingParams(temperature=temperature))
   parts = [{name: float(gen.part(name)[i]) for name in ("correct", "partial", "format",

@@ -76,8 +76,8 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
       then written in a local mirror and uploaded whole).
     task: the domain (`train_problems`, `heldout_problems`, `format_prompt`, `score_many`);
       evaluation reads its validation split only. A task with `multi_turn = True`
-      (`tasks.base.MultiTurnTask`) runs episodes through `rollouts.MultiTurnRollout`
-      (gin: `MultiTurnRollout.budget = @TurnBudget()`).
+      (`tasks.base.MultiTurnTask`) runs episodes through `rollouts.MultiTurnEngine`
+      (gin: `MultiTurnEngine.budget = @TurnBudget()`).
     model, tokenizer: the policy (parameters are copied into the learner's state).
     mesh: device mesh, or None for the default device.
     seed: seed of the data order and of sampling.
@@ -113,7 +113,8 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
   Returns:
     {'steps', 'wall_s', 'initial', 'final', 'history', 'state', 'rollout',
     'harness_share'}: validation figures `avg{k}`, `pass{k}`, `greedy` before and after,
-    the final train state, the `Rollout` (its compiled sampler serves a test evaluation),
+    the final train state, the rollout engine (its compiled sampler serves a test
+    evaluation),
     and the share of step time spent in the harness and diagnostics.
   """
   _check_sizes(steps, prompts_per_step, group_size)
@@ -188,7 +189,7 @@ class _Segment:
   recompute_old_logprobs: bool
   learner: Learner
   hparams: StepHParams  # the learner's hyper-parameters, at the sampler's temperature
-  rollout: Callable  # rollouts.Rollout or MultiTurnRollout (same signature)
+  rollout: Callable  # rollouts.SingleTurnEngine or MultiTurnEngine (same signature)
   harness: Harness
   diagnostics: list
   eval_config: EvalConfig

@@ -33,8 +33,9 @@ class PromptBatch:
 
 
 @flax.struct.dataclass
-class Rollouts:
-  """What the sampler returns (device → host)."""
+class SamplerOutput:
+  """What one sampler call returns (device → host): sampled ids, not yet decoded or
+  scored (a rollout engine turns them into a `rollouts.Generation`)."""
 
   tokens: jax.Array  # [B, N] int32 completion ids, pad after the end
   logprobs: jax.Array  # [B, N] float32 log-prob of each sampled token, 0 after the end
@@ -43,7 +44,7 @@ class Rollouts:
 
   @property
   def loss_mask(self) -> jax.Array:
-    """[B, N] bool: the model's own tokens (all of them, for single-turn rollouts)."""
+    """[B, N] bool: the sampled tokens, up to each row's length."""
     n = self.tokens.shape[1]
     return np.arange(n)[None, :] < np.asarray(self.lengths)[:, None]
 

@@ -26,7 +26,7 @@ def test_swe_train_gin_binds_the_task_tools_and_budgets(parsed):
   assert gin.query_parameter("run.task").selector.endswith("SweDomain")
   assert gin.query_parameter("ModelConfig.max_position_embeddings") == 2048
   assert gin.query_parameter("warm_start.target_accuracy") is None
-  assert gin.query_parameter("MultiTurnRollout.overlap_waves") == 2  # tools overlap turns
+  assert gin.query_parameter("MultiTurnEngine.overlap_waves") == 2  # tools overlap turns
   # The configurables build the records the task reads.
   tool_config = gin.get_configurable("tasks.swe.ToolConfig")()
   budget = gin.get_configurable("tasks.swe.Budget")()

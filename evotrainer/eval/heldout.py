@@ -16,7 +16,7 @@ import gin
 import jax
 import numpy as np
 
-from evotrainer.rollouts.single_turn import Rollout
+from evotrainer.rollouts.single_turn import SingleTurnEngine
 from evotrainer.sampling import SamplingParams
 
 
@@ -50,7 +50,7 @@ class EvalConfig:
     return jax.random.key(self.seed + 7919)
 
 
-def evaluate(rollout: Rollout, params, heldout: Sequence, cfg: EvalConfig,
+def evaluate(rollout: SingleTurnEngine, params, heldout: Sequence, cfg: EvalConfig,
              key: jax.Array, *, version: str = "v0", step: int = 0,
              num_problems: Optional[int] = None,
              split: str = "heldout") -> tuple[dict, list]:

@@ -1,7 +1,7 @@
-"""`Generation`: one batch of scored rollouts on the host, whatever produced it.
+"""`Generation`: one sampled, scored batch on the host, whatever engine produced it.
 
-Both rollout engines return it (`single_turn.Rollout`, `multiturn.MultiTurnRollout`);
-the trainer reads it into a `TrainBatch` and `Generation.episodes` into the harness's
+Both rollout engines return it (`single_turn.SingleTurnEngine`,
+`multiturn.MultiTurnEngine`); the trainer reads it into a `TrainBatch` and `Generation.episodes` into the harness's
 `Episode` records. `stop_reason` names why each row ended; `merge` concatenates the
 rounds of dynamic sampling.
 """
@@ -18,10 +18,10 @@ from evotrainer.types import Episode
 
 @dataclasses.dataclass
 class Generation:
-  """Host-side rollouts of one batch of problems (rows grouped: G per problem).
+  """The sampled, scored rows of one batch of problems (rows grouped: G per problem).
 
   Single-turn: `tokens` is the sampled completion and every token up to `lengths` is
-  trained. Multi-turn (`multiturn.MultiTurnRollout`): `tokens` is the whole trajectory
+  trained. Multi-turn (`multiturn.MultiTurnEngine`): `tokens` is the whole trajectory
   after the prompt (model turns and observations), `logprobs` are 0 at observation
   tokens, and `loss_mask` marks the sampled ids, the only ones trained.
   """

@@ -1,8 +1,8 @@
 """Multi-turn rollouts: episodes that alternate model turns and environment observations.
 
-`MultiTurnRollout` has `Rollout`'s signature and returns a `Generation`, so `train()`
-and `evaluate()` use either; `train()` picks this one for a task with `multi_turn =
-True` (`tasks.base.MultiTurnTask`). One row is one episode (rows grouped G per problem).
+`MultiTurnEngine` has `SingleTurnEngine`'s signature and returns a `Generation`, so
+`train()` and `evaluate()` use either; `rollout_for` picks this one for a task with
+`multi_turn = True` (`tasks.base.MultiTurnTask`). One row is one episode (rows grouped G per problem).
 
 The turn loop, until every episode stopped:
   1. every running episode's context (its prompt ids + its trajectory ids so far) is
@@ -64,7 +64,7 @@ import jax
 import numpy as np
 
 from evotrainer.rollouts.generation import Generation, cut_at_stop
-from evotrainer.rollouts.single_turn import Rollout
+from evotrainer.rollouts.single_turn import SingleTurnEngine
 from evotrainer.sampling import Sampler, SamplingParams, left_pad
 from evotrainer.sampling.sampler import DEFAULT_BUCKETS, Prefix, bucket_length
 from evotrainer.types import PromptBatch
@@ -185,15 +185,15 @@ def context_buckets(cap: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> tuple
 
 
 @gin.configurable(module="rollouts")
-class MultiTurnRollout:
+class MultiTurnEngine:
   """Problems -> batched multi-turn episodes -> a scored `Generation` (module docstring).
 
   Args:
     task: a `tasks.base.MultiTurnTask`.
     tokenizer: the policy's tokenizer (its `stop_ids` end a model turn).
     sampler: the compiled sampler.
-    sampler_shardings: parameter shardings of the sampler (as `Rollout`'s).
-    budget: the episode budgets (gin: `MultiTurnRollout.budget = @TurnBudget()`).
+    sampler_shardings: parameter shardings of the sampler (as `SingleTurnEngine`'s).
+    budget: the episode budgets (gin: `MultiTurnEngine.budget = @TurnBudget()`).
     kv_continuation: continue each turn from the previous turn's KV cache (prefill only
       the new tokens); False: re-prefill every context every turn (module docstring).
     overlap_waves: W >= 2 splits the batch's rows into W waves of one fixed row count
@@ -209,7 +209,7 @@ class MultiTurnRollout:
                budget: TurnBudget = TurnBudget(), kv_continuation: bool = True,
                overlap_waves: int = 1):
     if overlap_waves < 1:
-      raise ValueError(f"MultiTurnRollout.overlap_waves must be >= 1, got {overlap_waves}")
+      raise ValueError(f"MultiTurnEngine.overlap_waves must be >= 1, got {overlap_waves}")
     for name in ("start_episode", "format_observation", "finish_episodes"):
       if not callable(getattr(task, name, None)):
         raise TypeError(f"{type(task).__name__} declares multi_turn but has no {name}() "
@@ -450,8 +450,8 @@ def _step_envs(envs: Sequence, texts: Sequence[str], limit_s: float) -> list:
 
 
 def rollout_for(task, tokenizer, sampler: Sampler, sampler_shardings=None):
-  """The rollout engine of `task`: `MultiTurnRollout` when it declares `multi_turn =
-  True`, else the single-turn `Rollout`."""
+  """The rollout engine of `task`: `MultiTurnEngine` when it declares `multi_turn =
+  True`, else `SingleTurnEngine`."""
   if getattr(task, "multi_turn", False):
-    return MultiTurnRollout(task, tokenizer, sampler, sampler_shardings)
-  return Rollout(task, tokenizer, sampler, sampler_shardings)
+    return MultiTurnEngine(task, tokenizer, sampler, sampler_shardings)
+  return SingleTurnEngine(task, tokenizer, sampler, sampler_shardings)

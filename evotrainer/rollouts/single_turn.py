@@ -1,4 +1,5 @@
-"""`Rollout`: problems -> one sampled completion per row -> decoded, scored `Generation`."""
+"""`SingleTurnEngine`: problems -> one sampled completion per row -> decoded, scored
+`Generation`."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from evotrainer.sampling import Sampler, SamplingParams, left_pad
 from evotrainer.sharding.multihost import broadcast_json, is_primary, to_host
 
 
-class Rollout:
-  """Encode prompts, sample, decode, score: the path from problems to scored text."""
+class SingleTurnEngine:
+  """The single-turn rollout engine. Encode prompts, sample, decode, score: the path
+  from problems to scored text."""
 
   def __init__(self, task, tokenizer, sampler: Sampler, sampler_shardings=None):
     self.task = task

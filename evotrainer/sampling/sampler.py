@@ -32,7 +32,7 @@ from evotrainer.model.transformer import (K_CACHE_AXES, V_CACHE_AXES, KVCache, T
                                           init_cache)
 from evotrainer.sampling.strategies import select
 from evotrainer.sharding.rules import SAMPLER_RULES, Rules, constrain, use_rules
-from evotrainer.types import PromptBatch, Rollouts
+from evotrainer.types import PromptBatch, SamplerOutput
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -174,7 +174,7 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
       prefill runs once per run and is shared by its rows (static; not with `shift`).
 
   Returns:
-    (Rollouts, the cache buffer for reuse).
+    (SamplerOutput, the cache buffer for reuse).
   """
   ctx = use_rules(rules) if rules is not None else _null()
   with ctx:
@@ -261,8 +261,8 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
                          rng=rng)
 
     state = jax.lax.while_loop(cond, body, state)
-    out = Rollouts(tokens=state.tokens, logprobs=state.logprobs, lengths=state.lengths,
-                   truncated=~state.done)
+    out = SamplerOutput(tokens=state.tokens, logprobs=state.logprobs,
+                        lengths=state.lengths, truncated=~state.done)
     return out, state.cache
 
 
@@ -384,7 +384,7 @@ class Sampler:
     With `prefix`, `batch.tokens` holds only the last M tokens of each row's context
     (left-padded) and `batch.lengths` the whole contexts' lengths (<= `prefix.width`): the
     rest is read from `prefix.cache`, moved by `prefix.shift`. With `return_cache`, returns
-    (Rollouts, the call's cache) and keeps no buffer for reuse.
+    (SamplerOutput, the call's cache) and keeps no buffer for reuse.
     """
     b, m = batch.tokens.shape
     if b == 0:

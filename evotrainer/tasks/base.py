@@ -87,7 +87,7 @@ class Task(Protocol):
 
 class TurnEnv(Protocol):
   """One episode's environment on the host: it reads model turns and answers with
-  observations until it stops (`rollouts.multiturn.MultiTurnRollout` drives it).
+  observations until it stops (`rollouts.multiturn.MultiTurnEngine` drives it).
 
   Attributes:
     stop: None while the episode runs; else why the environment ended it ('submitted',
@@ -118,7 +118,7 @@ class TurnEnv(Protocol):
 class MultiTurnTask(Task, Protocol):
   """A task whose episodes alternate model turns and environment observations.
 
-  The trainer uses `rollouts.multiturn.MultiTurnRollout` for a task whose `multi_turn`
+  The trainer uses `rollouts.multiturn.MultiTurnEngine` for a task whose `multi_turn`
   attribute is True; `score` / `score_many` are then not called by the rollout (grading
   happens in `finish_episodes`).
   """

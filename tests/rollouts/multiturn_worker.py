@@ -5,7 +5,7 @@
 
 Every process joins the run, builds the same tiny model sharded over one `data` mesh of
 all processes' devices, and runs the toy echo task's episodes through
-`MultiTurnRollout` (rows sharded over the processes). Environments exist on process 0
+`MultiTurnEngine` (rows sharded over the processes). Environments exist on process 0
 only (`start_episode` refuses to run elsewhere). Each process writes what it got back,
 and how many environment steps it ran itself, to OUT_DIR/process<i>.json.
 """
@@ -21,7 +21,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from bench.multiturn import CharTokenizer, EchoEnv, EchoTask, tiny_config
-from evotrainer.rollouts import MultiTurnRollout, TurnBudget
+from evotrainer.rollouts import MultiTurnEngine, TurnBudget
 from evotrainer.sampling import Sampler, SamplingParams
 from evotrainer.sharding.mesh import (create_model, initialize_distributed, make_mesh,
                                       state_shardings)
@@ -52,10 +52,10 @@ def main(argv) -> int:
   sampler = Sampler(model, pad_id=tok.pad_id, mesh=mesh)
   params = nnx.state(model)
   task = EchoTask(env_factory)
-  rollout = MultiTurnRollout(task, tok, sampler, state_shardings(params, mesh, SAMPLER_RULES),
-                             budget=TurnBudget(max_turns=4, max_context=64,
-                                               max_tokens_per_turn=8),
-                             overlap_waves=int(argv[2]) if len(argv) == 3 else 1)
+  rollout = MultiTurnEngine(task, tok, sampler, state_shardings(params, mesh, SAMPLER_RULES),
+                            budget=TurnBudget(max_turns=4, max_context=64,
+                                              max_tokens_per_turn=8),
+                            overlap_waves=int(argv[2]) if len(argv) == 3 else 1)
   gen = rollout(params, task.train_problems(3, seed=0), 2, jax.random.key(7),
                 SamplingParams(temperature=1.0), pad_rows_to=8)
   record = {"tokens": gen.tokens.tolist(), "logprobs": gen.logprobs.tolist(),

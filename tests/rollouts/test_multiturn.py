@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from bench.multiturn import CharTokenizer, EchoEnv, EchoTask, tiny_model
-from evotrainer.rollouts import (BUDGET_STOPS, Generation, MultiTurnRollout, TurnBudget,
+from evotrainer.rollouts import (BUDGET_STOPS, Generation, MultiTurnEngine, TurnBudget,
                                  merge, rollout_for)
 from evotrainer.rollouts.schema import episodes_to_table, table_to_episodes
 from evotrainer.sampling import Sampler, SamplingParams
@@ -37,7 +37,7 @@ def sampler(model):  # shared: every test reuses the compiled programs
 def _run(model, sampler, env_factory=None, budget=None, problems=2, group=2, key=0,
          pad_rows_to=None, sampling=SP, kv_continuation=True, overlap_waves=1):
   task = EchoTask(env_factory)
-  rollout = MultiTurnRollout(task, TOK, sampler, budget=budget or TurnBudget(
+  rollout = MultiTurnEngine(task, TOK, sampler, budget=budget or TurnBudget(
       max_turns=3, max_context=64, max_tokens_per_turn=8), kv_continuation=kv_continuation,
       overlap_waves=overlap_waves)
   gen = rollout(nnx.state(model), task.train_problems(problems, seed=0), group,
@@ -342,14 +342,14 @@ def test_merge_and_store_round_trip(model, sampler, tmp_path):
 
 
 def test_rollout_for_picks_the_engine(sampler):
-  from evotrainer.rollouts import Rollout
-  assert isinstance(rollout_for(EchoTask(), TOK, sampler), MultiTurnRollout)
+  from evotrainer.rollouts import SingleTurnEngine
+  assert isinstance(rollout_for(EchoTask(), TOK, sampler), MultiTurnEngine)
 
   class Single:
     pass
-  assert isinstance(rollout_for(Single(), TOK, sampler), Rollout)
+  assert isinstance(rollout_for(Single(), TOK, sampler), SingleTurnEngine)
   with pytest.raises(TypeError, match="start_episode"):
-    MultiTurnRollout(type("T", (), {"multi_turn": True})(), TOK, sampler)
+    MultiTurnEngine(type("T", (), {"multi_turn": True})(), TOK, sampler)
   with pytest.raises(ValueError, match="max_tokens_per_turn"):
     TurnBudget(max_context=8, max_tokens_per_turn=8)
 
@@ -358,8 +358,8 @@ def test_the_env_turn_budget_must_equal_the_engine_s(sampler):
   task = EchoTask()
   task.max_turns = 4  # the environment's own budget, as SweDomain carries Budget's
   with pytest.raises(ValueError, match=r"max_turns=4 .*TurnBudget.max_turns=3"):
-    MultiTurnRollout(task, TOK, sampler, budget=TurnBudget(max_turns=3))
-  assert MultiTurnRollout(task, TOK, sampler, budget=TurnBudget(max_turns=4)).budget.max_turns == 4
+    MultiTurnEngine(task, TOK, sampler, budget=TurnBudget(max_turns=3))
+  assert MultiTurnEngine(task, TOK, sampler, budget=TurnBudget(max_turns=4)).budget.max_turns == 4
 
 
 @pytest.mark.slow
@@ -385,7 +385,7 @@ def test_train_two_steps_on_the_toy_task(tmp_path):
   task = Task(lambda p: _SubmitAt(2))
   model = tiny_model(max_positions=128)
   # The budget as a run configures it: gin binds the engine's constructor.
-  gin.bind_parameter("MultiTurnRollout.budget",
+  gin.bind_parameter("MultiTurnEngine.budget",
                      TurnBudget(max_turns=3, max_context=64, max_tokens_per_turn=8))
   try:
     out = train(str(tmp_path), task, model, TOK, seed=1, steps=2, prompts_per_step=2,
