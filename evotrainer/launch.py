@@ -9,7 +9,7 @@ Flags:
   --workdir             run directory (default: runs/<name of the last gin file>); or a
                         gs:// URL (evotrainer/paths.py) in every mode but `branch` (an
                         evolution's controller works in its local mirror:
-                        evotrainer/evolution/ledger_mirror.py).
+                        evotrainer/evolution/ledger/mirror.py).
   --sweep_file          the sweep file of run.mode='sweep' (sets `sweep.file`).
   --resume_from         start from the ledger and skills of an earlier sweep or evolution
                         workdir, a local one (sets `evolve.resume_from`).
@@ -126,7 +126,7 @@ def _check_flags(mode: str, workdir: str) -> None:
     _fail("config", f"--resume_from={FLAGS.resume_from}: the workdir to start from must be "
                     f"local (its ledger is copied and its checkpoints are read in place); "
                     f"copy it down first (gsutil -m cp -r)")
-  from evotrainer.evolution.ledger_mirror import ledger_exists, open_ledger
+  from evotrainer.evolution.ledger.mirror import ledger_exists, open_ledger
   if mode == "ledger" and not ledger_exists(workdir):
     _fail("config", f"run.mode='ledger': no ledger in {workdir} "
                     f"({paths.as_path(workdir) / 'ledger.sqlite'} does not exist); "
@@ -180,7 +180,7 @@ def main(argv) -> None:
   primary = True  # until the processes are joined
   left = ["", "stopped"]  # what the other processes of a multi-process evolve are told
   try:
-    from evotrainer.evolution.ledger_mirror import record_segment
+    from evotrainer.evolution.ledger.mirror import record_segment
     from evotrainer.run import run
     from evotrainer.sharding.mesh import initialize_distributed
     multi = initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,

@@ -19,7 +19,7 @@ has a stand-in here:
 A local workdir is its own mirror: `Mirror(workdir).local(name)` is `workdir/name` and
 `push` does nothing.
 
-A whole run directory (an evolution's or a sweep's: evolution/ledger_mirror.py) is
+A whole run directory (an evolution's or a sweep's: evolution/ledger/mirror.py) is
 mirrored with a *state file*: `Mirror(workdir, state=NAME)` records in the mirror what it
 uploaded or fetched, so that a relaunch uploads only what changed since, and `pull`
 copies down what the mirror lacks (on another host: everything).

@@ -13,7 +13,7 @@ Modes:
            `branch`-mode child process from its parent's model, under the run's gin plus
            the branch's bindings; the ledger, skills and summary.json live in the workdir
            (a gs:// workdir: in its local mirror, uploaded with every ledger commit:
-           evotrainer/evolution/ledger_mirror.py).
+           evotrainer/evolution/ledger/mirror.py).
            Across several processes, process 0 runs the controller and every branch
            trains as one child per process (evotrainer/evolution/pod.py).
   sweep    the variants of a sweep file (`sweep.file`, evotrainer/evolution/sweep_file.py)

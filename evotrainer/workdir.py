@@ -17,7 +17,7 @@ no change, editing it is). After the policy is built, `check_built` adds the tok
 digest and the model config. A relaunch that differs is refused with the list of
 changes; `--new_segment` accepts the new configuration and records the change as a new
 segment (`segments.jsonl`; launch.py copies the row into the ledger's `run/segments` meta
-when there is a ledger: ledger_mirror.record_segment).
+when there is a ledger: ledger.mirror.record_segment).
 A tokenizer or model change is refused even then while checkpoints exist: weights
 trained under one vocabulary mean nothing under another.
 """

@@ -20,7 +20,7 @@ from evotrainer.modes import branch as branch_mode
 from evotrainer.modes import evolve as evolve_mode
 from evotrainer import train as train_lib
 from evotrainer.eval.heldout import EvalConfig, evaluate_test_split
-from evotrainer.evolution.ledger_mirror import open_ledger
+from evotrainer.evolution.ledger.mirror import open_ledger
 from evotrainer.model.config import ModelConfig
 from evotrainer.rollouts.generation import Generation
 from evotrainer.rollouts.store import RolloutStore

@@ -13,7 +13,7 @@ import pytest
 
 from evotrainer import workdir as wd
 from evotrainer.evolution.ledger import Ledger, LedgerError
-from evotrainer.evolution.ledger_mirror import record_segment
+from evotrainer.evolution.ledger.mirror import record_segment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOLD = ("import sys, time; from evotrainer.workdir import WorkdirLock; "
@@ -123,7 +123,7 @@ def test_ledger_paths_survive_a_moved_workdir(tmp_path):
 
 
 def test_locked_ledger_is_a_clear_error_not_a_long_wait(tmp_path, monkeypatch):
-  import evotrainer.evolution.ledger as ledger_mod
+  import evotrainer.evolution.ledger.core as ledger_mod
   monkeypatch.setattr(ledger_mod, "BUSY_TIMEOUT_S", 0.2)
   a = Ledger(tmp_path / "ledger.sqlite")
   b = Ledger(tmp_path / "ledger.sqlite")

@@ -1,9 +1,10 @@
 """The evolution controller's host side (docs/design.md#the-evolution-controller): no JAX here.
 
-  ledger.py             the version ledger (SQLite, WAL): versions, attempts, findings,
+  ledger/               the version ledger (SQLite, WAL): versions, attempts, findings,
                         decisions, harness versions, skills used; crash- and resume-safe
-  ledger_records.py     its SQL schema and the typed records rows read back as
-  ledger_table.py       its lineage as a printable text table
+                        (core.py); its SQL schema and typed records (records.py), its
+                        lineage as a text table (table.py), a workdir's ledger, local or
+                        gs:// (mirror.py)
   search_space.py       the action boundary: the knobs the controller may turn
   knobs.py              typed knobs over gin bindings (float, int, choice, list, dict)
   intervention.py       single-factor Interventions that render as `--gin_bindings`

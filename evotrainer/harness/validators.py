@@ -17,7 +17,7 @@ and its reason says so (the report lists it as not applicable, never as passed).
                              exploit recovers (harness/probes.py)
   training_stability         the branch's training drifted toward collapse (entropy,
                              length, truncation, clip fraction rising; reward falling:
-                             harness/stability.py), whatever its final score
+                             harness/diagnostics/stability.py), whatever its final score
   test_tampering             share of code episodes whose program tampered with its tests,
                              and of SWE episodes whose change reaches for the test run
 
@@ -44,7 +44,7 @@ import numpy as np
 
 from evotrainer.harness.base import Episode, Evidence, Verdict, registrar
 from evotrainer.harness.diagnostics import lengths_of, pearson, rewards_of
-from evotrainer.harness.stability import drift_signals
+from evotrainer.harness.diagnostics.stability import drift_signals
 from evotrainer.tasks.answers import count_candidates, extract_answer, fast_verdict
 
 _EPS = 1e-9  # slack for float round-off in threshold comparisons

@@ -74,7 +74,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   from evotrainer.eval.pipeline_check import task_eval_check
   from evotrainer.evolution import pod
   from evotrainer.evolution.controller import Controller, no_eval_check
-  from evotrainer.evolution.ledger_mirror import ledger_exists, open_ledger, push_run_files
+  from evotrainer.evolution.ledger.mirror import ledger_exists, open_ledger, push_run_files
   from evotrainer.evolution.skills import SEED_DIR, SkillLibrary
   from evotrainer.evolution.sweep import gin_harness_builder
   from evotrainer.evolution.trainer import SubprocessTrainer
@@ -90,7 +90,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   if hosts is not None:  # every branch trains on all processes together
     trainer = pod.PodTrainer(trainer, hosts)
   # The controller works in a local directory: the workdir itself, or the local mirror
-  # of a gs:// workdir, uploaded with every ledger commit (ledger_mirror.py).
+  # of a gs:// workdir, uploaded with every ledger commit (evolution/ledger/mirror.py).
   local = paths.mirror_dir(workdir)
   local.mkdir(parents=True, exist_ok=True)
   space.check_bindings_exist()

@@ -12,7 +12,7 @@ import pytest
 
 from evotrainer import paths
 from evotrainer.evolution.ledger import COMMITS_KEY, Ledger, LedgerError
-from evotrainer.evolution.ledger_mirror import ledger_exists, open_ledger
+from evotrainer.evolution.ledger.mirror import ledger_exists, open_ledger
 from tests.fake_gcs import fake_gcs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -81,7 +81,7 @@ import os, sys
 sys.path.insert(0, {repo!r})
 import gin
 from evotrainer import paths
-from evotrainer.evolution.ledger_mirror import open_ledger
+from evotrainer.evolution.ledger.mirror import open_ledger
 from tests.fake_gcs import fake_gcs
 gin.bind_parameter("workdir_mirror.directory", {mirror!r})
 with fake_gcs({root!r}):
@@ -174,7 +174,7 @@ def test_run_files_are_uploaded_before_the_ledger_and_fetched_on_another_host(en
     assert (run / "versions/v0/model/w").read_bytes() == b"weights"
     (h1 / "summary.json").write_text("{}")  # after the last commit: the end pushes it
   assert not (run / "summary.json").exists()
-  from evotrainer.evolution.ledger_mirror import push_run_files
+  from evotrainer.evolution.ledger.mirror import push_run_files
   push_run_files(URL)
   assert (run / "summary.json").read_text() == "{}"
   # The ledger's bookkeeping, the lock and the mirror's state stay local.

@@ -361,7 +361,7 @@ def test_the_controller_never_reads_the_test_split(tmp_path):
   # evolution package names the test file or imports the test reader, except the one
   # line of the summary writer that joins test scores after the decisions.
   assert not any("test" in f.name for f in dataclasses.fields(BranchResult))
-  for path in EVOLUTION.glob("*.py"):
+  for path in EVOLUTION.rglob("*.py"):
     text = path.read_text()
     assert "test_eval" not in text and TEST_FILE not in text, path
     tree = ast.parse(text)

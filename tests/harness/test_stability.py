@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from evotrainer.harness.base import Evidence
-from evotrainer.harness.stability import TrainingDrift, drift_signals
+from evotrainer.harness.diagnostics.stability import TrainingDrift, drift_signals
 from evotrainer.harness.validators import TrainingStability
 
 STEPS = 50

@@ -35,7 +35,7 @@ import numpy as np
 
 from evotrainer.harness.base import Report, groups_of
 from evotrainer.harness.diagnostics import register
-from evotrainer.harness.diagnostics_base import (EPS, ThresholdDiagnostic, evidence_of,
+from evotrainer.harness.diagnostics.base import (EPS, ThresholdDiagnostic, evidence_of,
                                                  rewards_of)
 from evotrainer.types import Episode
 

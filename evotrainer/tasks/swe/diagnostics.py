@@ -34,7 +34,7 @@ import numpy as np
 
 from evotrainer.harness.base import Report
 from evotrainer.harness.diagnostics import register
-from evotrainer.harness.diagnostics_base import ThresholdDiagnostic, evidence_of
+from evotrainer.harness.diagnostics.base import ThresholdDiagnostic, evidence_of
 from evotrainer.types import Episode
 
 SEARCH_TOOLS = ("list_dir", "read_file", "grep")

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 import gin
 
 from evotrainer.harness.base import Episode, Evidence, Verdict
-from evotrainer.harness.diagnostics_base import EPS
+from evotrainer.harness.diagnostics.base import EPS
 from evotrainer.harness.validators import not_applicable, register, share_verdict
 from evotrainer.tasks.swe.diagnostics import GIT_HISTORY_TEXT, history_reads, tool_episodes
 

@@ -1,4 +1,4 @@
-"""Behaviour-layer diagnostics, and the per-domain hook (diagnostics.py: the library).
+"""Behaviour-layer diagnostics, and the per-domain hook (__init__.py: the library).
 
   length_reward_corr (LengthRewardCorrelation), format_failure (FormatFailureRate),
   answer_spamming (AnswerSpammingRate), repetition (RepetitionRate): what the policy's
@@ -14,7 +14,7 @@ import gin
 import numpy as np
 
 from evotrainer.harness.base import Report, groups_of
-from evotrainer.harness.diagnostics_base import (EPS, ThresholdDiagnostic, evidence_of,
+from evotrainer.harness.diagnostics.base import (EPS, ThresholdDiagnostic, evidence_of,
                                                  has_loop, lengths_of, pearson, rewards_of)
 from evotrainer.tasks.answers import count_candidates
 from evotrainer.types import LAYERS, Episode

@@ -1,4 +1,4 @@
-"""Model-state and efficiency diagnostics (diagnostics.py holds the library and runner).
+"""Model-state and efficiency diagnostics (__init__.py holds the library and runner).
 
   model       entropy (EntropyCollapse), kl (KLDrift), clip_fraction (ClipFraction),
               grad_norm (GradNormSpike): the learner's step metrics in `context`
@@ -17,7 +17,7 @@ import gin
 import numpy as np
 
 from evotrainer.harness.base import Report
-from evotrainer.harness.diagnostics_base import (EPS, ThresholdDiagnostic, evidence_of,
+from evotrainer.harness.diagnostics.base import (EPS, ThresholdDiagnostic, evidence_of,
                                                  learner_metric, lengths_of)
 from evotrainer.types import Episode
 

@@ -1,4 +1,4 @@
-"""The ledger's SQL schema and the typed records its rows read back as (ledger.py).
+"""The ledger's SQL schema and the typed records its rows read back as (core.py).
 
 The schema's CHECK constraints take their allowed values from VERSION_STATUSES,
 ATTEMPT_STATUSES and OUTCOMES here. JSON columns hold canonical JSON (`dumps`: sorted

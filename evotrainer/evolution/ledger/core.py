@@ -27,8 +27,8 @@ an error and never written to: open it with the EvoTrainer version that wrote it
 a new workdir.
 
 This module holds the `Ledger` (connection, transactions, idempotent writes, queries);
-ledger_records.py holds the SQL schema and the typed records rows read back as,
-ledger_table.py the printable lineage table. Their public names are re-exported here.
+records.py holds the SQL schema and the typed records rows read back as, table.py the
+printable lineage table. The package's __init__ re-exports the ledger and its records.
 """
 
 from __future__ import annotations
@@ -42,16 +42,16 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
-from evotrainer.evolution.ledger_records import (ATTEMPT_STATUSES, GOOD, OUTCOMES, ROOT,
+from evotrainer.evolution.ledger.records import (ATTEMPT_STATUSES, GOOD, OUTCOMES,
                                                  SCHEMA_SQL, SCHEMA_VERSION,
                                                  VERSION_STATUSES, AttemptRecord,
                                                  DecisionRecord, FindingRecord,
                                                  HarnessVersionRecord, SkillUseRecord,
                                                  VersionRecord, as_record, dumps, sql_real)
-from evotrainer.evolution.ledger_table import lineage_table
+from evotrainer.evolution.ledger.table import lineage_table
 
 # Commits counted by a ledger with an `on_commit` hook (a remote workdir's local copy):
-# ledger_mirror.py compares the count of the local copy and the workdir's.
+# mirror.py compares the count of the local copy and the workdir's.
 COMMITS_KEY = "mirror_commits"
 _RESERVED_META = ("schema_version", "incumbent", "incumbent_seq", "clock", COMMITS_KEY)
 # How long a write waits for another process's write transaction before a LedgerError
@@ -86,7 +86,7 @@ class Ledger:
       path: the SQLite file (always on a local disk).
       root: the directory paths are stored relative to (default: the file's own); the
         workdir when the file is a local copy of a remote workdir's ledger.
-      on_commit: called after every outermost commit (ledger_mirror.py uploads the
+      on_commit: called after every outermost commit (mirror.py uploads the
         copy); each such commit also counts up the meta key `COMMITS_KEY`.
     """
     self.path = os.fspath(path)
@@ -618,6 +618,4 @@ class Ledger:
     return lineage_table(self, width)
 
 
-__all__ = ["ATTEMPT_STATUSES", "AttemptRecord", "DecisionRecord", "FindingRecord", "GOOD",
-           "HarnessVersionRecord", "Ledger", "LedgerError", "OUTCOMES", "ROOT",
-           "SCHEMA_VERSION", "SkillUseRecord", "VERSION_STATUSES", "VersionRecord"]
+__all__ = ["BUSY_TIMEOUT_S", "COMMITS_KEY", "Ledger", "LedgerError"]

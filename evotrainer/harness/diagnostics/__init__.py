@@ -37,11 +37,14 @@ your own: give it `name`, `layer` and `__call__(episodes, context) -> Report`, d
 it with `@gin.configurable(module="harness")` and `@register`, load its module with
 `--import=my.module`, and name it in gin like a built-in one.
 
-This module holds the library (`DIAGNOSTICS`, `register`, `default_diagnostics`) and the
-runner (`run_diagnostics`); the diagnostics live by layer in diagnostics_score.py (score,
-signal), diagnostics_behaviour.py (behaviour, domain) and diagnostics_model.py (model,
-efficiency), their shared metric functions and base class in diagnostics_base.py. Every
-name is re-exported here.
+This package's `__init__` holds the library (`DIAGNOSTICS`, `register`,
+`default_diagnostics`) and the runner (`run_diagnostics`); the diagnostics live by layer
+in its modules, their diagnostics and metric functions re-exported here:
+  score.py      score and signal layers
+  behaviour.py  behaviour layer, and the per-domain hook
+  model.py      model and efficiency layers
+  stability.py  training_drift, and the drift signals the stability validator reads
+  base.py       the shared metric functions and `ThresholdDiagnostic`, the base class
 """
 
 from __future__ import annotations
@@ -52,21 +55,21 @@ from typing import Optional, Sequence
 import gin
 
 from evotrainer.harness.base import registrar
-from evotrainer.harness.diagnostics_base import (DIRECTIONS, has_loop, is_dead,
+from evotrainer.harness.diagnostics.base import (DIRECTIONS, has_loop, is_dead,
                                                  learner_metric, lengths_of, pearson,
                                                  rewards_of)
-from evotrainer.harness.diagnostics_behaviour import (AnswerSpammingRate, DomainDiagnostic,
+from evotrainer.harness.diagnostics.behaviour import (AnswerSpammingRate, DomainDiagnostic,
                                                       FormatFailureRate,
                                                       LengthRewardCorrelation,
                                                       RepetitionRate)
-from evotrainer.harness.diagnostics_model import (ClipFraction, EntropyCollapse,
+from evotrainer.harness.diagnostics.model import (ClipFraction, EntropyCollapse,
                                                   GradNormSpike, KLDrift,
                                                   LengthPercentiles, StopReasons,
                                                   TruncationRate, TurnCount)
-from evotrainer.harness.diagnostics_score import (AdvantageHealth, CorrectnessRate,
+from evotrainer.harness.diagnostics.score import (AdvantageHealth, CorrectnessRate,
                                                   DeadGroupRatio, RewardMean, RewardSpread,
                                                   ScoreTrend)
-from evotrainer.harness.stability import TrainingDrift, drift_signals
+from evotrainer.harness.diagnostics.stability import TrainingDrift, drift_signals
 from evotrainer.types import Episode
 
 

@@ -27,7 +27,7 @@ import gin
 import numpy as np
 
 from evotrainer.harness.base import Report
-from evotrainer.harness.diagnostics_base import ThresholdDiagnostic
+from evotrainer.harness.diagnostics.base import ThresholdDiagnostic
 from evotrainer.types import Episode
 
 

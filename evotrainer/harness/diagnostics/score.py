@@ -1,4 +1,4 @@
-"""Score- and signal-layer diagnostics (diagnostics.py holds the library and runner).
+"""Score- and signal-layer diagnostics (__init__.py holds the library and runner).
 
   score    bc (CorrectnessRate), reward (RewardMean), score_trend (ScoreTrend): how
            good the policy is, on the training batch and held out
@@ -14,7 +14,7 @@ import gin
 import numpy as np
 
 from evotrainer.harness.base import Report, groups_of
-from evotrainer.harness.diagnostics_base import (EPS, ThresholdDiagnostic, evidence_of,
+from evotrainer.harness.diagnostics.base import (EPS, ThresholdDiagnostic, evidence_of,
                                                  is_dead, rewards_of)
 from evotrainer.types import Episode
 

@@ -9,7 +9,7 @@ and its upload loses nothing, and the next open on this host uploads it. A local
 workdir's ledger is the file in the workdir, as always.
 
 Which copy is newer. Every commit of a mirrored ledger counts up its meta key
-`mirror_commits` (ledger.COMMITS_KEY); `ledger.sqlite.pushed` beside the local copy
+`mirror_commits` (core.COMMITS_KEY); `ledger.sqlite.pushed` beside the local copy
 records the count last uploaded. On open:
 
   no local copy                          the workdir's is fetched (or a new one created)
@@ -47,7 +47,7 @@ import os
 import pathlib
 import sqlite3
 from evotrainer import paths
-from evotrainer.evolution.ledger import COMMITS_KEY, Ledger, LedgerError
+from evotrainer.evolution.ledger.core import COMMITS_KEY, Ledger, LedgerError
 from evotrainer.workdir import LOCK_NAME, SEGMENTS_NAME
 
 log = logging.getLogger(__name__)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Mapping
 
-from evotrainer.evolution.ledger_records import VersionRecord
+from evotrainer.evolution.ledger.records import VersionRecord
 from evotrainer.evolution.stats import score_label
 
 if TYPE_CHECKING:
-  from evotrainer.evolution.ledger import Ledger
+  from evotrainer.evolution.ledger.core import Ledger
 
 
 def lineage_table(ledger: Ledger, width: int = 48) -> str:

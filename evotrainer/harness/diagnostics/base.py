@@ -1,4 +1,4 @@
-"""The shared parts of the diagnostic library (diagnostics.py): metric functions and wiring.
+"""The shared parts of the diagnostic library (__init__.py): metric functions and wiring.
 
 Pure metric functions over episodes (`rewards_of`, `lengths_of`, `pearson`, `is_dead`,
 `has_loop`, `learner_metric`), reused by the validators; `ThresholdDiagnostic`, the base
