@@ -49,10 +49,11 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "orbax-checkpoint")
 
 
-def packages() -> dict:
-  """{package: installed version, or None} for PACKAGES, and the Python version."""
+def packages(extra: Sequence[str] = ()) -> dict:
+  """{package: installed version, or None} for PACKAGES and `extra` (e.g. the package that
+  holds a pretrained model's file), and the Python version."""
   out = {"python": platform.python_version()}
-  for name in PACKAGES:
+  for name in (*PACKAGES, *extra):
     try:
       out[name] = importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:

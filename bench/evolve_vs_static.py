@@ -1,120 +1,91 @@
-r"""Evolution against a static harness and against recipe search, at equal total RL steps,
-scored on the test split.
+r"""The paper's comparison: evolution against a static harness and the other arms, at
+equal total RL steps, scored on the test split.
 
   python -m bench.evolve_vs_static --json out.json [--seeds 0,1,2,3,4] [--workdir DIR]
   python -m bench.evolve_vs_static --domain code --json out.json
+  python -m bench.evolve_vs_static --domain code_smol --seeds 0,1,2 --json out.json
+  python -m bench.evolve_vs_static --arms static,evotrainer,static_lineage --json out.json
 
-Three arms per seed, all from the same warm start (the cache is shared); for `--domain
-code` read code_train.gin / code.gin for math_train.gin / math.gin:
-  static         gin/math_train.gin (the fixed default harness) for as many RL steps as an
-                 evolution run trains in all: the root's steps plus every branch's, control
-                 branches and rejected branches included
-  recipe_search  gin/math.gin with `evolve.proposer = 'recipe'`: hyper-parameters only,
-                 no diagnostics
-  evotrainer     gin/math.gin as shipped (skill-guided proposer, diagnostics, validators)
-The evolution's shape (generations, branches, steps) defaults to the domain's gin file.
+Domains: `math` and `code` (the tiny from-scratch model, gin/math*.gin, gin/code*.gin) and
+`code_smol` (the pretrained SmolLM2-135M-Instruct, gin/code_smol_train.gin and
+gin/code_smol.gin). The evolution's shape (generations, branches, branch steps, control,
+continuation) defaults to the domain's gin file.
+
+Arms per seed, all from the same starting policy (the warm-start cache is shared), each
+defined exactly in bench/evolve_arms.py: `base` (no RL: the static run's test evaluation
+before training), `static` (the shipped fixed harness), `clip_higher` (the static harness
+at clip 0.2/0.28; the shipped static harnesses already clip so, and then it is the static
+run read back, `same_run_as: static`), `recipe_search` (hyper-parameters only),
+`best_static_filter` (the group filter of bench/evolve_arms.FILTERS whose selection run
+scored best on validation, trained at equal steps), `evotrainer`, and `static_lineage`
+(the static harness trained as many steps as the evotrainer run of the same seed kept on
+its final lineage, launched once that run is known). Every arm but base and
+static_lineage trains as many RL steps as an evolution run trains in all: the root and
+every branch, control and continuation.
 
 Each arm is the real command in a child process (`python -m evotrainer.launch`). The
-score is the test-split Avg@8 of the final incumbent (static: of the last step), on the
-same test problems with the same sampling keys; the arms selected on the validation split
-only. `diff_vs_static` is the mean paired difference evotrainer - static with a 95%
-interval from a two-level bootstrap (seeds with replacement, then test problems with
-replacement inside each seed), so seed-to-seed variation is in the interval.
+score is the test-split Avg@8 of the final incumbent (fixed harnesses: of the last step),
+on the same test problems with the same sampling keys; every choice (the evolution's
+promotions, the best filter) reads the validation split only. Differences are mean paired
+differences arm - static with a 95% interval from a two-level bootstrap (seeds with
+replacement, then test problems inside each seed).
 
-JSON keys: `split` ('test'), `seeds`, `means` {static, recipe_search, evotrainer} on
-test, `validation_means` (the same on validation), `diff_vs_static` and
-`diff_recipe_vs_static` {mean, lo, hi}, `selection_gap` (mean over seeds of the
-evotrainer incumbent's validation gain over its root minus its test gain), `steps`,
-`arms` (per seed), `config`, `packages` (the versions of jax, flax, optax, numpy, ...
-found by this process: runs on another install are not comparable step for step),
-`wall_s`. A finished arm in `--workdir` is read back, not rerun. `--arms
-static,evotrainer` runs a subset (static is always needed); an arm not run has no mean
-and no difference (null).
+JSON keys: `split` ('test'), `seeds`, `model`, `means` {arm: test Avg@8},
+`validation_means`, `lineage_steps` {arm: mean RL steps on the kept lineage},
+`diff_vs_static` (evotrainer - static at equal total steps), `diff_vs_static_equal_lineage`
+(evotrainer - static_lineage), `diffs_vs_static` {arm: ...} and `diff_recipe_vs_static`
+(each {mean, lo, hi}), `selection_gap` (mean over seeds of the evotrainer incumbent's
+validation gain over its root minus its test gain), `best_static_filter_selection` (the
+candidates' validation scores, the choice and the selection runs' steps), `steps`,
+`wall_s_per_arm` {arm: {seed: seconds}}, `arms` (per seed), `config`, `packages` (the
+versions of jax, flax, optax, numpy, ... found by this process: runs on another install
+are not comparable step for step), `wall_s`. An arm not run has null means and
+differences.
+
+Resumable per (arm, seed): a finished run in `--workdir` (its `bench_done` marker) is read
+back, not relaunched, so seeds accumulate over several invocations; its command is kept in
+`bench_launch.json` and a run directory that holds another command is refused. `--arms`
+runs a subset (static always runs; static_lineage brings evotrainer).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 import statistics
 import time
-from typing import Sequence
 
 from bench.common import launch_run, packages, paired_interval
+from bench.evolve_arms import (ARMS, DOMAINS, FILTERS, arm_launches, base_arm, choose_filter,
+                               clip_higher_is_static, evolve_arm, filter_binding, static_arm)
 
-ARMS = ("static", "recipe_search", "evotrainer")
-
-
-@dataclasses.dataclass(frozen=True)
-class Domain:
-  """What the arms run for one domain: the fixed-harness and the evolution gin files, the
-  static arm's evaluation bindings (its validation set as the evolution's), and the
-  evolution's shipped shape (generations, branches, branch steps)."""
-
-  static_gin: str
-  evolve_gin: str
-  static_eval: tuple
-  generations: int
-  branches: int
-  branch_steps: int
-  continue_steps: int = 0
+# The order arms run in for one seed: static_lineage needs the evotrainer run's lineage.
+ORDER = ("evotrainer", "recipe_search", "static", "base", "clip_higher",
+         "best_static_filter", "static_lineage")
+LAUNCH_FILE = "bench_launch.json"
 
 
-DOMAINS = {
-    "math": Domain("gin/math_train.gin", "gin/math.gin",
-                   ("MathTask.num_validation = 500", "EvalConfig.num_problems = 500"),
-                   generations=3, branches=1, branch_steps=25, continue_steps=150),
-    "code": Domain("gin/code_train.gin", "gin/code.gin",
-                   ("CodeTask.num_validation = 200", "EvalConfig.num_problems = 200",
-                    "EvalConfig.num_test = 300"),
-                   generations=3, branches=2, branch_steps=30),
-}
+def run_or_read(gin_files: list, bindings: list, wd: pathlib.Path,
+                log: pathlib.Path) -> dict:
+  """The summary.json of the finished run in `wd` (its `bench_done` marker), else the
+  run's, launched now. The command is kept in `wd/bench_launch.json`; a run directory that
+  holds another command is refused (its result would not be this arm's)."""
+  record = {"gin_files": list(gin_files), "bindings": list(bindings)}
+  kept = wd / LAUNCH_FILE
+  if kept.exists() and json.loads(kept.read_text()) != record:
+    raise RuntimeError(f"{wd} holds a run of another command ({kept}); use another "
+                       f"--workdir, or remove that run directory to rerun it")
+  if (wd / "bench_done").exists():
+    return json.loads((wd / "summary.json").read_text())
+  wd.mkdir(parents=True, exist_ok=True)
+  kept.write_text(json.dumps(record, indent=2) + "\n")
+  summary = launch_run(gin_files, bindings, wd, log)
+  (wd / "bench_done").touch()
+  return summary
 
 
-def arm_launches(domain: str, seed: int, generations: int, branches: int, branch_steps: int,
-                 control: bool, extra: Sequence[str] = (), continue_steps: int = 0) -> dict:
-  """arm -> (gin files, bindings) of its `evotrainer.launch` command, and the RL steps
-  every arm trains (the static arm as many as an evolution run trains in all: the root,
-  every branch, control and continuation)."""
-  d = DOMAINS[domain]
-  total = ((1 + generations * (branches + control)) * branch_steps
-           + generations * continue_steps)
-  common = [f"run.seed = {seed}", *extra]
-  evo = [f"evolve.generations = {generations}", f"evolve.branches = {branches}",
-         f"evolve.branch_steps = {branch_steps}", f"evolve.control = {control}",
-         f"evolve.continue_steps = {continue_steps}"]
-  return {"static": ([d.static_gin], [f"train.steps = {total}",
-                                      f"train.eval_every = "
-                                      f"{max(branch_steps, continue_steps)}",
-                                      *d.static_eval, *common]),
-          "recipe_search": ([d.evolve_gin], [*common, *evo, "evolve.proposer = 'recipe'"]),
-          "evotrainer": ([d.evolve_gin], [*common, *evo, "evolve.proposer = 'skills'"]),
-          "total_steps": total}
-
-
-def _evolve_arm(summary: dict, wd: pathlib.Path) -> dict:
-  versions = {v["id"]: v for v in summary["versions"]}
-  inc = versions[summary["incumbent"]]
-  test = json.loads((wd / "versions" / inc["id"] / "test_eval.json").read_text())
-  trained = [v for v in versions.values() if v.get("heldout_avg8") is not None]
-  return {"test": inc["test_avg8"], "validation": inc["validation_avg8"],
-          "per_problem": test["per_problem"], "incumbent": inc["id"],
-          "kept": [v["id"] for v in versions.values() if v["status"] in ("kept", "merged")],
-          "rl_steps": sum(int(v.get("steps") or 0) for v in trained),
-          "selection_gap": (summary.get("selection") or {}).get("selection_gap"),
-          "wall_s": summary["wall_s"]}
-
-
-def _static_arm(summary: dict) -> dict:
-  avg = next(k for k in summary["final"] if k.startswith("avg"))  # avg8 unless k is set
-  return {"test": summary["test"]["final"][avg], "validation": summary["final"][avg],
-          "per_problem": summary["test"]["per_problem"], "rl_steps": summary["steps"],
-          "wall_s": summary["wall_s"]}
-
-
-def main(argv=None) -> dict:
+def _args(argv):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated run seeds")
   ap.add_argument("--workdir", default="runs/bench_evolve_vs_static",
@@ -122,86 +93,165 @@ def main(argv=None) -> dict:
                        "read back, not rerun)")
   ap.add_argument("--domain", choices=sorted(DOMAINS), default="math")
   ap.add_argument("--generations", type=int, default=None,
-                  help="default: the domain's gin file (3)")
-  ap.add_argument("--branches", type=int, default=None,
-                  help="default: the domain's (math 1, code 2)")
+                  help="default: the domain's gin file")
+  ap.add_argument("--branches", type=int, default=None, help="default: the domain's")
   ap.add_argument("--branch_steps", type=int, default=None,
-                  help="default: the domain's gin file (math 25, code 30)")
+                  help="default: the domain's gin file")
   ap.add_argument("--continue_steps", type=int, default=None,
                   help="steps of each generation's continuation (default: the domain's "
                        "gin file)")
-  ap.add_argument("--no_control", action="store_true",
+  ap.add_argument("--control", dest="control", action="store_const", const=True,
+                  default=None, help="control branches (default: the domain's gin file)")
+  ap.add_argument("--no_control", dest="control", action="store_const", const=False,
                   help="evolution arms without control branches (evolve.control = False)")
+  ap.add_argument("--filter_selection_seed", type=int, default=1000,
+                  help="the seed of best_static_filter's selection runs (not a benchmark "
+                       "seed)")
   ap.add_argument("--gin_bindings", action="append", default=[],
                   help="extra bindings for every arm (e.g. a smaller eval for a smoke run)")
   ap.add_argument("--arms", default=",".join(ARMS),
-                  help=f"comma-separated subset of {','.join(ARMS)} (static always runs)")
+                  help=f"comma-separated subset of {','.join(ARMS)} (static always runs; "
+                       f"static_lineage brings evotrainer)")
   ap.add_argument("--json", default=None, help="write the result here too")
   args = ap.parse_args(argv)
   d = DOMAINS[args.domain]
-  generations = d.generations if args.generations is None else args.generations
-  branches = d.branches if args.branches is None else args.branches
-  branch_steps = d.branch_steps if args.branch_steps is None else args.branch_steps
-  continue_steps = d.continue_steps if args.continue_steps is None else args.continue_steps
-  root = pathlib.Path(args.workdir).resolve()
-  root.mkdir(parents=True, exist_ok=True)
-  seeds = [int(s) for s in args.seeds.split(",")]
-  control = not args.no_control
+  for name in ("generations", "branches", "branch_steps", "continue_steps", "control"):
+    if getattr(args, name) is None:
+      setattr(args, name, getattr(d, name))
+  args.seeds = [int(s) for s in args.seeds.split(",")]
   wanted = set(args.arms.split(","))
   unknown = wanted - set(ARMS)
   if unknown:
     ap.error(f"--arms: unknown {sorted(unknown)}; expected a subset of {list(ARMS)}")
-  run_arms = [a for a in ARMS if a in wanted | {"static"}]
-  arms: dict = {a: {} for a in run_arms}
-  t0 = time.time()
-  for seed in seeds:
-    for arm in sorted(run_arms, key=("evotrainer", "recipe_search", "static").index):
-      wd = root / f"{arm}-s{seed}"
-      launches = arm_launches(args.domain, seed, generations, branches, branch_steps,
-                              control, args.gin_bindings, continue_steps)
-      print(f"[bench] seed {seed} {arm} ... ({time.time() - t0:.0f}s so far)", flush=True)
-      t = time.time()
-      if (wd / "bench_done").exists():
-        summary = json.loads((wd / "summary.json").read_text())
-      else:
-        summary = launch_run(*launches[arm], wd, root / f"{arm}-s{seed}.log")
-      (wd / "bench_done").touch()
-      arms[arm][seed] = (_static_arm(summary) if arm == "static"
-                         else _evolve_arm(summary, wd))
-      print(f"[bench] seed {seed} {arm}: test Avg@8 {arms[arm][seed]['test']:.4f} "
-            f"(validation {arms[arm][seed]['validation']:.4f}; {time.time() - t:.0f}s)",
+  wanted |= {"static"} | ({"evotrainer"} if "static_lineage" in wanted else set())
+  args.arms = [a for a in ARMS if a in wanted]
+  if "best_static_filter" in args.arms and args.filter_selection_seed in args.seeds:
+    ap.error(f"--filter_selection_seed {args.filter_selection_seed} is a benchmark seed; "
+             f"the filter is chosen on a seed apart")
+  return args
+
+
+class Bench:
+  """The runs of one invocation: each (arm, seed) launched or read back under `root`."""
+
+  def __init__(self, args, root: pathlib.Path):
+    self.args, self.root = args, root
+
+  def launches(self, seed: int, **kw) -> dict:
+    a = self.args
+    return arm_launches(a.domain, seed, a.generations, a.branches, a.branch_steps,
+                        a.control, a.gin_bindings, a.continue_steps, **kw)
+
+  def run(self, name: str, launch: tuple) -> dict:
+    """The summary of the run `name` (`<root>/<name>`), timed and announced."""
+    t = time.time()
+    print(f"[bench] {name} ...", flush=True)
+    summary = run_or_read(*launch, self.root / name, self.root / f"{name}.log")
+    print(f"[bench] {name}: done ({time.time() - t:.0f}s here)", flush=True)
+    return summary
+
+  def select_filter(self) -> dict:
+    """best_static_filter's choice: one run per FILTERS candidate on the selection seed at
+    the arm's total steps, chosen on the validation split only."""
+    seed = self.args.filter_selection_seed
+    summaries = {name: self.run(f"filter_{name}-s{seed}",
+                                self.launches(seed, group_filter=name)["best_static_filter"])
+                 for name in FILTERS}
+    chosen = choose_filter(summaries)
+    runs = {n: {"binding": filter_binding(n),
+                "validation": static_arm(s)["validation"], "wall_s": s["wall_s"]}
+            for n, s in summaries.items()}
+    steps = sum(int(s["steps"]) for s in summaries.values())
+    print(f"[bench] best static filter on validation: {chosen}", flush=True)
+    return {"seed": seed, "chosen": chosen, "runs": runs, "selection_steps": steps,
+            "steps_per_run": self.launches(seed)["total_steps"]}
+
+  def seed_arms(self, seed: int, chosen_filter) -> dict:
+    """{arm: figures} of one seed, in ORDER."""
+    out: dict = {}
+    for arm in (a for a in ORDER if a in self.args.arms):
+      out[arm] = self.arm(arm, seed, out, chosen_filter)
+      print(f"[bench] seed {seed} {arm}: test Avg@8 {out[arm]['test']:.4f} (validation "
+            f"{out[arm]['validation']:.4f}, lineage {out[arm]['lineage_steps']} steps)",
             flush=True)
-  means = {a: statistics.mean(arms[a][s]["test"] for s in seeds) if a in arms else None
-           for a in ARMS}
-  vmeans = {a: statistics.mean(arms[a][s]["validation"] for s in seeds) if a in arms
-            else None for a in ARMS}
-  none = {"mean": None, "lo": None, "hi": None}
-  diff = lambda a: none if a not in arms else paired_interval(  # noqa: E731
-      [(arms[a][s]["per_problem"], arms["static"][s]["per_problem"]) for s in seeds])
+    return out
+
+  def arm(self, arm: str, seed: int, done: dict, chosen_filter) -> dict:
+    """One arm's figures for `seed` (`done`: the arms of this seed so far)."""
+    name = f"{arm}-s{seed}"
+    if arm == "base":  # the static run's evaluations before RL
+      return base_arm(json.loads((self.root / f"static-s{seed}" / "summary.json").read_text()))
+    if arm == "clip_higher" and clip_higher_is_static(self.args.domain):
+      return {**done["static"], "same_run_as": "static"}
+    if arm in ("recipe_search", "evotrainer"):
+      return evolve_arm(self.run(name, self.launches(seed)[arm]), self.root / name)
+    kw = ({"group_filter": chosen_filter} if arm == "best_static_filter" else
+          {"lineage_steps": done["evotrainer"]["lineage_steps"]}
+          if arm == "static_lineage" else {})
+    return static_arm(self.run(name, self.launches(seed, **kw)[arm]))
+
+
+def summarize(arms: dict, seeds: list) -> dict:
+  """Means, lineage depths, differences and wall times over seeds ({arm: {seed: ...}})."""
+  def mean(key):
+    return {a: statistics.mean(arms[a][s][key] for s in seeds) if a in arms else None
+            for a in ARMS}
+
+  def diff(a, b="static"):
+    if a not in arms or b not in arms:
+      return {"mean": None, "lo": None, "hi": None}
+    return paired_interval([(arms[a][s]["per_problem"], arms[b][s]["per_problem"])
+                            for s in seeds])
+
   gaps = [arms["evotrainer"][s]["selection_gap"] for s in seeds
           if "evotrainer" in arms and arms["evotrainer"][s]["selection_gap"] is not None]
-  out = {"benchmark": "evolve_vs_static", "split": "test", "seeds": seeds,
-         "config": {"domain": args.domain, "generations": generations, "branches": branches,
-                    "branch_steps": branch_steps, "continue_steps": continue_steps,
-                    "control": control,
-                    "extra_bindings": args.gin_bindings},
-         "steps": {"total_per_arm": launches["total_steps"]},
-         "means": means, "validation_means": vmeans,
-         "diff_vs_static": diff("evotrainer"),
-         "diff_recipe_vs_static": diff("recipe_search"),
-         "selection_gap": statistics.mean(gaps) if gaps else None,
+  return {"means": mean("test"), "validation_means": mean("validation"),
+          "lineage_steps": mean("lineage_steps"),
+          "diff_vs_static": diff("evotrainer"),
+          "diff_vs_static_equal_lineage": diff("evotrainer", "static_lineage"),
+          "diffs_vs_static": {a: diff(a) for a in ARMS if a != "static"},
+          "diff_recipe_vs_static": diff("recipe_search"),
+          "selection_gap": statistics.mean(gaps) if gaps else None,
+          "wall_s_per_arm": {a: {str(s): arms[a][s]["wall_s"] for s in seeds} for a in arms}}
+
+
+def main(argv=None) -> dict:
+  args = _args(argv)
+  d = DOMAINS[args.domain]
+  root = pathlib.Path(args.workdir).resolve()
+  root.mkdir(parents=True, exist_ok=True)
+  bench, t0 = Bench(args, root), time.time()
+  selection = bench.select_filter() if "best_static_filter" in args.arms else None
+  per_seed = {s: bench.seed_arms(s, selection and selection["chosen"]) for s in args.seeds}
+  arms = {a: {s: per_seed[s][a] for s in args.seeds} for a in args.arms}
+  seeds = args.seeds
+  out = {"benchmark": "evolve_vs_static", "split": "test", "seeds": seeds, "model": d.model,
+         "config": {"domain": args.domain, "generations": args.generations,
+                    "branches": args.branches, "branch_steps": args.branch_steps,
+                    "continue_steps": args.continue_steps, "control": args.control,
+                    "arms": args.arms, "clip_higher_is_static":
+                        clip_higher_is_static(args.domain),
+                    "filters": FILTERS, "extra_bindings": args.gin_bindings},
+         "steps": {"total_per_arm": bench.launches(seeds[0])["total_steps"],
+                   "static_lineage": {str(s): arms["static_lineage"][s]["rl_steps"]
+                                      for s in seeds} if "static_lineage" in arms else None},
+         **summarize(arms, seeds), "best_static_filter_selection": selection,
          "arms": {a: {str(s): {k: v for k, v in arms[a][s].items() if k != "per_problem"}
                       for s in seeds} for a in arms},
-         "packages": packages(), "wall_s": round(time.time() - t0, 1)}
-  print("\narm (test Avg@8)  " + "  ".join(f"seed {s}" for s in seeds) + "   mean")
-  for a in arms:
-    print(f"{a:17s} " + "  ".join(f"{arms[a][s]['test']:.4f}" for s in seeds)
-          + f"   {means[a]:.4f}")
+         "packages": packages(d.packages), "wall_s": round(time.time() - t0, 1)}
+  _print_table(arms, seeds, out["means"])
   text = json.dumps(out, indent=2)
   if args.json:
     pathlib.Path(args.json).write_text(text + "\n")
   print(text)
   return out
+
+
+def _print_table(arms: dict, seeds: list, means: dict) -> None:
+  print("\narm (test Avg@8)     " + "  ".join(f"seed {s}" for s in seeds) + "   mean")
+  for a in arms:
+    print(f"{a:20s} " + "  ".join(f"{arms[a][s]['test']:.4f}" for s in seeds)
+          + f"   {means[a]:.4f}")
 
 
 if __name__ == "__main__":

@@ -141,21 +141,10 @@ def main(argv=None) -> dict:
     payload["evolution"] = {"gin": GIN["evolve"], "runs": stored}
     payload["evolution_versions"] = float(np.mean([r["versions"] for r in stored.values()]))
     payload["evolution_minutes"] = float(np.mean([r["minutes"] for r in stored.values()]))
-  pkgs = packages()
-  for name in EXTRA_PACKAGES:
-    pkgs[name] = _version(name)
-  machine["packages"] = pkgs
+  machine["packages"] = packages(EXTRA_PACKAGES)
   save(path, payload)
   print(json.dumps({k: payload[k] for k in payload if k.startswith(section)}, indent=2))
   return payload
-
-
-def _version(name: str):
-  import importlib.metadata  # pylint: disable=import-outside-toplevel
-  try:
-    return importlib.metadata.version(name)
-  except importlib.metadata.PackageNotFoundError:
-    return None
 
 
 if __name__ == "__main__":

