@@ -21,8 +21,8 @@ import json
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from evolve_vs_static import _launch  # noqa: E402  (bench/ is not a package on the path)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from bench.common import launch_run  # noqa: E402  (run as a script: the repo on the path)
 
 GOOD = ("kept", "merged")
 
@@ -53,13 +53,13 @@ def main(argv=None) -> dict:
   first = pathlib.Path(args.first).resolve() if args.first else root / "first"
   if not (first / "summary.json").exists() or \
       json.loads((first / "summary.json").read_text()).get("mode") != "evolve":
-    _launch(["gin/math.gin"], bindings, first, root / "first.log")
+    launch_run(["gin/math.gin"], bindings, first, root / "first.log")
   s1 = json.loads((first / "summary.json").read_text())
   one = trainings_to_reach(s1, float("inf"))
   target = one["incumbent_avg8"]
   one = trainings_to_reach(s1, target)
   second = root / "second"
-  s2 = _launch(["gin/math.gin"], [*bindings, f"evolve.skills_dir = '{first / 'skills'}'"],
+  s2 = launch_run(["gin/math.gin"], [*bindings, f"evolve.skills_dir = '{first / 'skills'}'"],
                second, root / "second.log")
   two = trainings_to_reach(s2, target)
   skills = sorted(p.stem for p in (first / "skills").glob("*.json"))
