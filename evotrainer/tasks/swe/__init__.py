@@ -8,8 +8,10 @@ repository code only ever runs in the sandbox (`runner.py`).
   runner.py   a repository's pytest suite run in sandbox cells; per-test outcomes.
   mutate.py   libcst bug injection: operator swap, constant change, inverted condition,
               removed statement, swapped arguments.
-  synth.py    stable tests -> mutants -> FAIL_TO_PASS / PASS_TO_PASS -> issue text.
-  records.py  `SweTask` and its SWE-bench-format JSONL.
+  synth.py    stable tests -> mutants -> FAIL_TO_PASS / PASS_TO_PASS -> issue text;
+              the issue levels (`at_level`: 0 names file, function and faulty line, 1
+              file and function, 2 only the failing behaviour).
+  records.py  `SweTask` (with its issue `level`) and its SWE-bench-format JSONL.
   repo.py     the episode's checkout (the mutant as the only commit; `keep_history` puts
               the base one commit back: the leak of gin/swe_leaky.gin) and grading (the
               episode's non-test changes over pristine tests, F2P + P2P).
@@ -18,6 +20,8 @@ repository code only ever runs in the sandbox (`runner.py`).
               the fix from git history): tests of the environment.
   tools.py    the episode's tools (list_dir, read_file, grep, search_replace, run_tests,
               submit) on its checkout, and the call syntax (one ```tool JSON block a turn).
+  hints.py    what a failed call's observation suggests: the closest lines to a missed
+              search text, the nearest paths to a missing one.
   git_tool.py the read-only `git` tool (off by default): checked command lines run in a
               sandbox cell on the episode's files and `.git`.
   episode.py  one episode's turns, budgets and stop reasons; its `info` record and reward

@@ -2,8 +2,10 @@
 
 A row carries SWE-bench's fields (`instance_id`, `repo`, `base`, `problem_statement`,
 `FAIL_TO_PASS`, `PASS_TO_PASS`; `base` is SWE-bench's `base_commit`, which is also
-accepted) plus ours: `version`, `difficulty`, `split` and `mutation` (where the bug was
-put and the exact edit that undoes it; absent for tasks brought from elsewhere).
+accepted) plus ours: `version`, `difficulty`, `level` (the issue text's level; absent:
+2, so rows written before levels existed read as today's tasks), `split` and `mutation`
+(where the bug was put and the exact edit that undoes it; absent for tasks brought from
+elsewhere).
 `FAIL_TO_PASS`/`PASS_TO_PASS` may be JSON lists or, as SWE-bench ships them, strings
 holding a JSON list. A bad row is reported as `file:line: field: what was expected`.
 """
@@ -17,6 +19,10 @@ from typing import Iterable, Optional
 
 REQUIRED = ("instance_id", "repo", "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS")
 DIFFICULTIES = ("easy", "medium", "hard")
+# Issue levels: what the issue text says of the bug's place (`synth.at_level`).
+# 0: the file, the function and the faulty line; 1: the file and the function; 2: only
+# the failing behaviour (the text synthesis writes).
+LEVELS = (0, 1, 2)
 MUTATION_FIELDS = ("file", "function", "kind", "line", "search", "replace")
 
 
@@ -61,6 +67,9 @@ class SweTask:
       "hard" (a structural bug: a removed statement, an inverted condition, ...).
     split: "train", "validation", "test" or "" (not assigned).
     mutation: see `Mutation`; None for tasks not synthesized here.
+    level: the issue text's level (`LEVELS`): synthesis writes level 2, and
+      `synth.at_level` derives the others from it and the mutation; the same bug, the
+      same `instance_id` at every level (`level_id` tells the levels apart).
   """
   instance_id: str
   repo: str
@@ -72,6 +81,13 @@ class SweTask:
   difficulty: str = "medium"
   split: str = ""
   mutation: Optional[Mutation] = None
+  level: int = 2
+
+  @property
+  def level_id(self) -> str:
+    """The task's id at its level: `instance_id` at level 2 (the ids of the tasks
+    synthesis writes), `instance_id` + "-L0" or "-L1" below."""
+    return self.instance_id if self.level == 2 else f"{self.instance_id}-L{self.level}"
 
   def to_row(self) -> dict:
     row = dataclasses.asdict(self)
@@ -122,13 +138,17 @@ def from_row(row: dict, where: str = "<row>") -> SweTask:
       raise TaskFormatError(f"{where}: mutation: expected an object with "
                             f"{', '.join(MUTATION_FIELDS)}")
     mutation = Mutation(**{k: mutation[k] for k in MUTATION_FIELDS})
+  level = row.get("level", 2)
+  if type(level) is not int or level not in LEVELS:
+    raise TaskFormatError(f"{where}: level: expected one of {LEVELS}, got {level!r}")
   return SweTask(row["instance_id"], row["repo"], row["base"], row["problem_statement"],
                  f2p, p2p, str(row.get("version", "")), difficulty,
-                 str(row.get("split", "")), mutation)
+                 str(row.get("split", "")), mutation, level)
 
 
 def read_jsonl(path: os.PathLike | str) -> list[SweTask]:
-  """Tasks from a JSONL file (blank lines skipped); duplicate ids are an error."""
+  """Tasks from a JSONL file (blank lines skipped); a task twice (the same `level_id`)
+  is an error."""
   tasks, seen = [], {}
   with open(path, encoding="utf-8") as f:
     for number, line in enumerate(f, 1):
@@ -140,10 +160,10 @@ def read_jsonl(path: os.PathLike | str) -> list[SweTask]:
       except ValueError as e:
         raise TaskFormatError(f"{where}: not JSON ({e})") from None
       task = from_row(row, where)
-      if task.instance_id in seen:
-        raise TaskFormatError(f"{where}: instance_id {task.instance_id!r} already on line "
-                              f"{seen[task.instance_id]}")
-      seen[task.instance_id] = number
+      if task.level_id in seen:
+        raise TaskFormatError(f"{where}: instance_id {task.instance_id!r} at level "
+                              f"{task.level} already on line {seen[task.level_id]}")
+      seen[task.level_id] = number
       tasks.append(task)
   return tasks
 

@@ -8,7 +8,12 @@
      stable tests. Keep the mutant when 1 <= |F2P| <= `max_f2p` (a mutant no test notices
      is uncovered code or an equivalent mutant; one that breaks everything is no puzzle).
   4. Write the issue from the failing tests (names and crash messages), with the mutated
-     file and function scrubbed out; only the easy difficulty names the file.
+     file and function scrubbed out; only the easy difficulty names the file. That text
+     is level 2 of the issue ladder.
+
+Issue levels (`at_level`, `records.LEVELS`), derived from a level-2 task and its
+mutation, so any cached task set has them all: level 1 adds the function and the file
+it is in; level 0 adds the faulty line too, its number and its text in the bugged file.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import time
 from typing import Sequence
 
 from evotrainer.tasks.swe import mutate, repo as repo_lib, runner as runner_lib
-from evotrainer.tasks.swe.records import Mutation, SweTask
+from evotrainer.tasks.swe.records import LEVELS, Mutation, SweTask
 from evotrainer.tasks.swe.sources import Source
 
 
@@ -130,8 +135,65 @@ def problem_statement(source: Source, f2p: Sequence[str], messages: dict[str, st
   lines += ["", "Make these tests pass without breaking the other tests. Do not edit the "
             "tests."]
   if difficulty == "easy":
-    lines.append(f"The bug is in `{mutation.file}`.")
+    lines.append(_file_hint(mutation))
   return "\n".join(lines)
+
+
+def _file_hint(mutation: Mutation) -> str:
+  """The sentence the easy difficulty's level-2 issue ends with."""
+  return f"The bug is in `{mutation.file}`."
+
+
+def faulty_line(mutation: Mutation) -> tuple[int, str]:
+  """(number, text) of the bug's line in the bugged file: `mutation.line` and the first
+  line of `mutation.replace` that differs from `search` (the snippets share the lines
+  before the change; the lines before the bug are the same in both files, so its number
+  is too). For a removed statement that is the line now in its place; "" where the
+  bugged file ends there (a removed last statement)."""
+  search = mutation.search.splitlines()
+  replace = mutation.replace.splitlines()
+  same = 0
+  while same < min(len(search), len(replace)) and search[same] == replace[same]:
+    same += 1
+  return mutation.line, replace[same] if same < len(replace) else ""
+
+
+def level_statement(statement: str, mutation: Mutation, level: int) -> str:
+  """The issue text at `level` (`records.LEVELS`) from the level-2 `statement`: level 1
+  names the function and its file (in place of the easy difficulty's file sentence),
+  level 0 also the faulty line (`faulty_line`)."""
+  if level not in LEVELS:
+    raise ValueError(f"issue level {level!r}: expected one of {LEVELS}")
+  if level == 2:
+    return statement
+  lines = statement.split("\n")
+  if lines[-1] == _file_hint(mutation):
+    lines.pop()
+  lines.append(f"The bug is in the function `{mutation.function}` of `{mutation.file}`.")
+  if level == 0:
+    number, text = faulty_line(mutation)
+    lines.append(f"The faulty line is line {number}: `{text.strip()}`" if text.strip() else
+                 f"The faulty line is line {number}, at the end of the file.")
+  return "\n".join(lines)
+
+
+def at_level(task: SweTask, level: int) -> SweTask:
+  """`task` (a level-2 record) with its issue text at `level`; the same bug, split and
+  `instance_id`.
+
+  Raises:
+    ValueError: an unknown level, a task not at level 2, or level < 2 for a task with no
+      mutation (its bug's place is unknown).
+  """
+  if level == task.level:
+    return task
+  if task.level != 2:
+    raise ValueError(f"{task.instance_id}: levels are derived from the level-2 task, not "
+                     f"from level {task.level}")
+  if task.mutation is None and level in LEVELS:
+    raise ValueError(f"{task.instance_id}: no mutation known, so no level below 2")
+  return dataclasses.replace(task, level=level, problem_statement=level_statement(
+      task.problem_statement, task.mutation, level))
 
 
 def _difficulty(kind: str, instance_id: str) -> str:

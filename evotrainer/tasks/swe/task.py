@@ -22,6 +22,10 @@ Face tokenizer (`use_tokenizer`, called by the run once the policy's tokenizer e
 the same episode is rendered with the tokenizer's own chat template
 (`chat.ChatFormat.from_tokenizer`).
 
+Issue levels (`SweDomain.levels`, `synth.at_level`): each task is offered with its
+issue text at each chosen level (0: file, function and faulty line named; 1: file and
+function; 2: the failing behaviour only), one problem per (task, level).
+
 Warm start: `Problem.solution` is the oracle's episode as text (each model turn followed
 by `format_observation` of its real observation; the submit turn last), and
 `solution_segments` gives the same episode as (text, trained) segments so that the warm
@@ -247,6 +251,26 @@ def build_task_set(names: Sequence[str], config: synth_lib.SynthConfig,
                  {s.repo: tuple(s.tests) for s in picked}, transcripts, stats)
 
 
+def _drop_duplicates(tasks: Sequence[records.SweTask]
+                     ) -> tuple[dict[str, list[records.SweTask]], int]:
+  """({split: its tasks}, tasks dropped). Two mutants can fail the same tests with the
+  same messages: one issue text. A held-out task whose (level-2) text is already in an
+  earlier split is dropped (logged), whatever the levels offered, so the held-out tasks
+  do not depend on them."""
+  by_split = {s: [t for t in tasks if t.split == s] for s in splits_lib.SPLITS}
+  seen = {normalize_prompt(t.problem_statement) for t in by_split["train"]}
+  dropped = 0
+  for split in ("validation", "test"):
+    kept = [t for t in by_split[split] if normalize_prompt(t.problem_statement) not in seen]
+    dropped += len(by_split[split]) - len(kept)
+    seen |= {normalize_prompt(t.problem_statement) for t in kept}
+    by_split[split] = kept
+  if dropped:
+    log.info("SweDomain: dropped %d held-out task(s) whose issue text is in an earlier "
+             "split", dropped)
+  return by_split, dropped
+
+
 @gin.configurable(module="tasks")
 class SweDomain:
   """Repository bug-fixing episodes (see the module docstring).
@@ -259,6 +283,14 @@ class SweDomain:
     difficulties: the task difficulties kept ("easy": one-token bug, the issue names the
       file; "medium": one-token bug; "hard": structural). Only one-token kinds are
       synthesized when "hard" is not asked for.
+    levels: the issue levels (the curriculum knob; `records.LEVELS`, `synth.at_level`):
+      0 names the file, the function and the faulty line; 1 the file and the function;
+      2 only the failing behaviour (the synthesized text, today's tasks). Every task of
+      every split is offered at each listed level, as its own problem (id: the
+      instance id at level 2, "<instance id>-L0" / "-L1" below; `Problem.meta["level"]`),
+      so training draws mix the levels in equal shares and a held-out split holds the
+      same tasks at each level, task by task: the underlying held-out tasks do not
+      depend on `levels`, and per-level resolve rates compare the same bugs.
     fractions: train / validation / test shares (`splits.assign_splits`).
     group_by: what the splits keep apart: "function" or "repo".
     split_seed: the split's hash seed.
@@ -290,6 +322,7 @@ class SweDomain:
                max_tasks: int = 20, max_candidates: int = 60, max_f2p: int = 10,
                kinds: Sequence[str] = mutate.KINDS, synth_seed: int = 0,
                difficulties: Sequence[str] = ("easy", "medium", "hard"),
+               levels: Sequence[int] = (2,),
                fractions: Sequence[float] = (0.8, 0.1, 0.1), group_by: str = "function",
                split_seed: int = 0, cache_dir: str = "~/.cache/evotrainer/swe",
                manifest: Optional[str] = None, trees: Optional[Mapping[str, str]] = None,
@@ -302,6 +335,11 @@ class SweDomain:
     if bad or not difficulties:
       raise ValueError(f"SweDomain.difficulties={list(difficulties)}: expected a non-empty "
                        f"subset of {tuple(DIFFICULTY_LEVEL)}")
+    if (not levels or len(set(levels)) != len(levels) or
+        any(type(v) is not int or v not in records.LEVELS for v in levels)):
+      raise ValueError(f"SweDomain.levels={list(levels)}: expected distinct levels of "
+                       f"{records.LEVELS} (0: the issue names the file, function and "
+                       f"line; 1: file and function; 2: only the failing behaviour)")
     bad = [k for k in kinds if k not in mutate.KINDS]
     if bad or not kinds:
       raise ValueError(f"SweDomain.kinds={list(kinds)}: expected a subset of {mutate.KINDS}")
@@ -336,39 +374,33 @@ class SweDomain:
         oracle_context=oracle_context, fractions=fractions, group_by=group_by,
         split_seed=split_seed, demonstrations=demonstrations)
     self.build_s = time.monotonic() - start
-    self.records = {t.instance_id: t for t in self.task_set.tasks
-                    if t.difficulty in self.difficulties}
-    self.splits = {s: [self._problem(t) for t in self.records.values() if t.split == s]
-                   for s in splits_lib.SPLITS}
-    # Two mutants can fail the same tests with the same messages: one issue text. A
-    # held-out task whose text is already in an earlier split is dropped (logged).
-    seen = {normalize_prompt(p.prompt) for p in self.splits["train"]}
-    self.duplicates = 0
-    for split in ("validation", "test"):
-      kept = [p for p in self.splits[split] if normalize_prompt(p.prompt) not in seen]
-      self.duplicates += len(self.splits[split]) - len(kept)
-      seen |= {normalize_prompt(p.prompt) for p in kept}
-      self.splits[split] = kept
-    if self.duplicates:
-      log.info("SweDomain: dropped %d held-out task(s) whose issue text is in an earlier "
-               "split", self.duplicates)
-    empty = [s for s, ps in self.splits.items() if not ps]
+    self.levels = tuple(levels)
+    kept = [t for t in self.task_set.tasks if t.difficulty in self.difficulties]
+    by_split, self.duplicates = _drop_duplicates(kept)
+    empty = [s for s, ts in by_split.items() if not ts]
     if empty:
-      raise ValueError(f"SweDomain: no {'/'.join(empty)} tasks among {len(self.records)} "
+      raise ValueError(f"SweDomain: no {'/'.join(empty)} tasks among {len(kept)} "
                        f"built tasks of difficulty {list(self.difficulties)}; raise "
                        f"SweDomain.max_tasks, add sources or difficulties")
+    # Every task at every level: {problem id: the task at that level}.
+    self.records = {leveled.level_id: leveled for t in kept for leveled in
+                    (synth_lib.at_level(t, level) for level in self.levels)}
+    self.splits = {s: [self._problem(synth_lib.at_level(t, level))
+                       for t in ts for level in self.levels] for s, ts in by_split.items()}
     self._work = pathlib.Path(tempfile.mkdtemp(prefix="swe-episodes-"))
 
   # ------------------------------------------------------------------ problems
 
   def _problem(self, task: records.SweTask) -> Problem:
-    return Problem(task.instance_id, task.problem_statement, "resolved",
-                   "".join(text for text, _ in self._segments(task.instance_id)),
+    return Problem(task.level_id, task.problem_statement, "resolved",
+                   "".join(text for text, _ in self._segments(task.level_id)),
                    task.repo, DIFFICULTY_LEVEL[task.difficulty],
-                   {"split": task.split, "difficulty": task.difficulty})
+                   {"split": task.split, "difficulty": task.difficulty, "level": task.level,
+                    "instance_id": task.instance_id})
 
-  def _segments(self, instance_id: str) -> list[tuple[str, bool]]:
-    turns = self.task_set.transcripts[instance_id]
+  def _segments(self, problem_id: str) -> list[tuple[str, bool]]:
+    # One oracle episode per task, whatever the issue's level.
+    turns = self.task_set.transcripts[self.records[problem_id].instance_id]
     out = []
     for i, (turn, obs) in enumerate(turns):
       # The oracle's turns are cached in the plain layout (with its leading space).
@@ -386,14 +418,16 @@ class SweDomain:
         t for t, _ in self._segments(p.id))) for p in ps] for s, ps in self.splits.items()}
 
   def train_problems(self, n: int, seed: int) -> list[Problem]:
-    """`n` training tasks drawn with replacement by `seed` (deterministic)."""
+    """`n` training problems drawn with replacement by `seed` (deterministic); each
+    task at each of `levels` is one problem."""
     rng = random.Random(seed)
     return [rng.choice(self.splits["train"]) for _ in range(n)]
 
   def heldout_problems(self, n: Optional[int] = None,
                        split: str = "validation") -> list[Problem]:
-    """The first `n` tasks of 'validation' or 'test'; SWE splits are small, so asking
-    for more than a split holds gives the whole split (logged)."""
+    """The first `n` problems of 'validation' or 'test' (task by task, each at every one
+    of `levels` in turn); SWE splits are small, so asking for more than a split holds
+    gives the whole split (logged)."""
     if split not in ("validation", "test"):
       raise ValueError(f"held-out split must be 'validation' or 'test', got {split!r}")
     held = self.splits[split]

@@ -20,7 +20,12 @@ Tools (paths are relative to the repository root, "/" separated):
                                              engine on the host), as `path:line: text`
   search_replace(path, search, replace)      `search` must occur exactly once in the file
                                              (exact match); else the file is left as is
-                                             and the observation says how many times
+                                             and the observation says how many times,
+                                             with what would have worked: where an
+                                             ambiguous text occurs, or for a missing
+                                             one the lines it matches but for
+                                             whitespace, else the closest lines
+                                             (hints.py)
   run_tests(tests=[])                        pytest node ids or test files; [] runs the
                                              task's test folders. Runs in a sandbox cell
                                              (`runner.SuiteRunner`), never on the host
@@ -31,14 +36,15 @@ Tools (paths are relative to the repository root, "/" separated):
                                              "log --oneline", run in a sandbox cell
                                              (git_tool.py)
 
-A path that is absolute, climbs out with "..", reaches outside the repository through a
-symlink, names `.git` (or leads into it through a symlink), or is a file with more than
-one name (a hard link, whose other name may lie outside) is refused (the observation
-says so); the refusal is recorded (`.git` ones apart: `Turn.git_internals`), and the
-leak validators read such attempts (`validators.SWE_OUTSIDE_REPO`,
-`validators.HistoryLeak`). `grep`, `run_tests` and `git` leave hard-linked files out of
-what they read. Every observation is capped at `ToolConfig.max_output_chars`
-and ends with a note when cut.
+A path that does not exist gets the repository's nearest paths in its error (hints.py;
+symlinks and hard-linked files are never offered). A path that is absolute, climbs out
+with "..", reaches outside the repository through a symlink, names `.git` (or leads
+into it through a symlink), or is a file with more than one name (a hard link, whose
+other name may lie outside) is refused (the observation says so); the refusal is
+recorded (`.git` ones apart: `Turn.git_internals`), and the leak validators read such
+attempts (`validators.SWE_OUTSIDE_REPO`, `validators.HistoryLeak`). `grep`, `run_tests`
+and `git` leave hard-linked files out of what they read. Every observation is capped at
+`ToolConfig.max_output_chars` and ends with a note when cut.
 """
 
 from __future__ import annotations
@@ -51,13 +57,14 @@ import re
 import stat
 from typing import Optional, Sequence
 
-from evotrainer.tasks.swe import git_tool
+from evotrainer.tasks.swe import git_tool, hints
 from evotrainer.tasks.swe import repo as repo_lib
 from evotrainer.tasks.swe import runner as runner_lib
 
 FENCE = re.compile(r"```tool[ \t]*\r?\n(.*?)```", re.S)
 MAX_CALL_CHARS = 20_000    # a longer block is refused unread (a cost bound on model text)
 MAX_MODEL_CHARS = 200_000  # only this much of a turn's text is searched for the block
+MAX_PATHS = 5000           # repository paths a missing path is compared with
 SKIP = {".git", "__pycache__", ".pytest_cache"}
 
 # name -> {argument: (accepted types, required)}
@@ -251,10 +258,39 @@ class Workspace:
   def _rel(self, full: pathlib.Path) -> str:
     return full.relative_to(self.root).as_posix() or "."
 
+  def _paths(self) -> list[str]:
+    """The repository's paths the tools can use (folders end with "/"; no `SKIP`
+    folders, symlinks or hard-linked files), at most MAX_PATHS: what `_missing` offers."""
+    found = []
+    for folder, dirs, files in os.walk(self.root):
+      dirs[:] = sorted(d for d in dirs if d not in SKIP and
+                       not os.path.islink(os.path.join(folder, d)))
+      rel = pathlib.Path(folder).relative_to(self.root).as_posix()
+      prefix = "" if rel == "." else rel + "/"
+      found += [prefix + d + "/" for d in dirs]
+      for name in sorted(files):
+        full = pathlib.Path(folder) / name
+        if not full.is_symlink() and not _hard_linked(full):
+          found.append(prefix + name)
+      if len(found) >= MAX_PATHS:
+        break
+    return found[:MAX_PATHS]
+
+  def _missing(self, path: str, full: pathlib.Path, what: str) -> CallError:
+    """The error for a `path` (resolved: `full`) that names no `what` ("file",
+    "folder", "file or folder"): the other kind it is, or the nearest paths."""
+    if full.is_dir() and what == "file":
+      return CallError(f"{path[:200]!r}: a folder, not a file (list_dir lists it)")
+    if full.is_file() and what == "folder":
+      return CallError(f"{path[:200]!r}: a file, not a folder (read_file reads it)")
+    near = hints.close_paths(pathlib.PurePosixPath(path).as_posix(), self._paths())
+    return CallError(f"{path[:200]!r}: no such {what}" +
+                     (f"; close paths: {', '.join(near)}" if near else ""))
+
   def _text(self, path: str) -> tuple[pathlib.Path, str]:
     full = self.resolve(path)
     if not full.is_file():
-      raise CallError(f"{path[:200]!r}: no such file")
+      raise self._missing(path, full, "file")
     if _hard_linked(full):
       raise PathRefused(f"{path[:200]!r}: a hard link (the file has other names, "
                         f"possibly outside the repository); not usable through the tools")
@@ -270,7 +306,7 @@ class Workspace:
   def list_dir(self, path: str = ".") -> str:
     full = self.resolve(path)
     if not full.is_dir():
-      raise CallError(f"{path[:200]!r}: no such folder")
+      raise self._missing(path, full, "folder")
     names = []
     for entry in sorted(full.iterdir(), key=lambda p: p.name):
       if entry.name in SKIP:
@@ -302,7 +338,7 @@ class Workspace:
       prefix = self._rel(full)
       files = {(f if prefix == "." else f"{prefix}/{f}"): t for f, t in files.items()}
     else:
-      raise CallError(f"{path[:200]!r}: no such file or folder")
+      raise self._missing(path, full, "file or folder")
     hits, total = [], 0
     for rel, text in sorted(files.items()):
       for number, line in enumerate(text.splitlines(), 1):
@@ -320,10 +356,7 @@ class Workspace:
     full, text = self._text(path)
     count = text.count(search) if search else 0
     if count != 1:
-      why = "it is not in the file" if count == 0 else f"it occurs {count} times"
-      raise CallError(f"search_replace: the search text must occur exactly once in "
-                      f"{path[:200]!r}; {why} (nothing was changed)" +
-                      ("; add surrounding lines to make it unique" if count > 1 else ""))
+      raise CallError(_missed_edit(path, text, search, count))
     full.write_text(repo_lib.search_replace(text, search, replace, path), encoding="utf-8")
     rel = self._rel(full)
     note = (" (a test file: changes to test files are not graded)"
@@ -376,6 +409,19 @@ class Workspace:
     except OSError as e:  # a name too long, a file the mode forbids: an observation
       raise CallError(f"{call.name}: {e.strerror or type(e).__name__}") from None
     return cap(out, self.config.max_output_chars)
+
+
+def _missed_edit(path: str, text: str, search: str, count: int) -> str:
+  """A `search_replace` that changed nothing: why, and what would have worked."""
+  head = f"search_replace: the search text must occur exactly once in {path[:200]!r}; "
+  if not search:
+    return head + "it is empty (nothing was changed)"
+  if count > 1:
+    return head + (f"it occurs {count} times (nothing was changed); add surrounding lines "
+                   f"to make it unique; it starts at {hints.occurrences(text, search)}")
+  hint = hints.missed_search(text, search)
+  hint = "\n" + hint if hint else ""
+  return head + "it is not in the file (nothing was changed)" + hint
 
 
 def _hard_linked(path: pathlib.Path) -> bool:

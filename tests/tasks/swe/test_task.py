@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 
+import gin
 import pytest
 
 from evotrainer.tasks.base import MultiTurnTask
@@ -220,3 +222,71 @@ def test_call_parses_is_the_tools_syntax_check(domain):
               '```tool\n{"tool": "submit", "args": {}\n```',  # not JSON
               tools.call_text("submit") + tools.call_text("submit")):  # two blocks
     assert not domain.call_parses(bad), bad
+
+
+# ------------------------------------------------------------------ issue levels
+
+
+def test_the_default_level_is_the_synthesized_text(domain):
+  built = {t.instance_id: t for t in domain.task_set.tasks}
+  for p in (p for ps in domain.splits.values() for p in ps):
+    assert p.id in built and p.prompt == built[p.id].problem_statement
+    assert p.meta["level"] == 2 and domain.records[p.id] == built[p.id]
+
+
+def test_the_levels_knob_through_gin(domain, toy_tree, suite, paths):
+  """`SweDomain.levels = [0, 1]`: every task at both levels, the held-out tasks those of
+  the default domain (task by task, each at level 0 then 1), training draws of both."""
+  gin.parse_config("SweDomain.levels = [0, 1]")
+  try:
+    leveled = task_lib.SweDomain(  # the module's cache: a cache hit
+        sources=["toylib"], manifest=paths[0], trees={"toylib": str(toy_tree)},
+        max_tasks=8, max_candidates=16, kinds=["operator_swap", "constant_change"],
+        difficulties=["easy", "medium"], fractions=(0.5, 0.25, 0.25), cache_dir=paths[1],
+        suite=suite)
+  finally:
+    gin.clear_config()
+  try:
+    assert leveled.levels == (0, 1)
+    for split, problems in domain.splits.items():
+      ids = [p.id for p in problems]
+      assert [(p.meta["instance_id"], p.meta["level"]) for p in leveled.splits[split]] == [
+          (i, level) for i in ids for level in (0, 1)]
+      for p in leveled.splits[split]:
+        m = domain.records[p.meta["instance_id"]].mutation
+        assert p.id == f"{p.meta['instance_id']}-L{p.meta['level']}"
+        assert f"The bug is in the function `{m.function}` of `{m.file}`." in p.prompt
+        assert (f"The faulty line is line {m.line}: " in p.prompt) == (p.meta["level"] == 0)
+        assert p.solution == domain.splits[split][ids.index(p.meta["instance_id"])].solution
+    assert {p.meta["level"] for p in leveled.train_problems(40, 0)} == {0, 1}
+    # An L0 problem's episode runs on its task's checkout: the oracle's replay resolves.
+    p = leveled.heldout_problems(1, "test")[0]
+    assert p.meta["level"] == 0
+    assert leveled.score_many([p], [p.solution])[0]["correct"] == 1.0
+  finally:
+    leveled.close()
+
+
+def test_bad_levels_are_refused():
+  for levels in ([], [3], [0, 0], ["0"]):
+    with pytest.raises(ValueError, match="SweDomain.levels"):
+      task_lib.SweDomain(levels=levels, suite=object())
+
+
+def test_a_cache_written_before_levels_reads_as_level_2(domain, toy_tree, paths, tmp_path):
+  """Synthesis cache rows without `level` (as written before levels existed) give the
+  same task set, every task at level 2."""
+  old = tmp_path / "cache"
+  shutil.copytree(paths[1], old)
+  synth_files = list((old / "tasks").glob("synth-*.json"))
+  assert synth_files
+  for path in synth_files:
+    data = json.loads(path.read_text())
+    assert all(row.pop("level") == 2 for row in data["tasks"])
+    path.write_text(json.dumps(data))
+  again = task_lib.build_task_set(  # no suite: a cache hit runs nothing
+      ["toylib"], task_lib.synth_lib.SynthConfig(
+          max_tasks=8, max_candidates=16, kinds=("operator_swap", "constant_change")),
+      None, cache_dir=str(old), manifest=paths[0], trees={"toylib": str(toy_tree)},
+      tool_config=domain.tool_config, fractions=(0.5, 0.25, 0.25))
+  assert again.tasks == domain.task_set.tasks and {t.level for t in again.tasks} == {2}

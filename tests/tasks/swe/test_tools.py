@@ -113,17 +113,73 @@ def test_search_replace_exactly_once(ws):
                             search="return a + b", replace="return a - b"))
   assert obs == "replaced 1 occurrence in toylib/__init__.py at line 5"
   assert path.read_text() == TOY_LIB.replace("a + b", "a - b")
+  missed = ("error: search_replace: the search text must occur exactly once in "
+            "'toylib/__init__.py'; it is not in the file (nothing was changed)")
   obs, _ = observe(ws, call("search_replace", path="toylib/__init__.py",
                             search="return a + b", replace="x"))
-  assert obs == ("error: search_replace: the search text must occur exactly once in "
-                 "'toylib/__init__.py'; it is not in the file (nothing was changed)")
+  # The closest line (line 5 now reads `return a - b`), as it is in the file.
+  assert obs == missed + ("\nthe closest lines in the file; search for their exact text:"
+                          "\nline 5:\n    return a - b")
   obs, _ = observe(ws, call("search_replace", path="toylib/__init__.py",
                             search="        return ", replace="x"))
-  assert "it occurs 2 times (nothing was changed); add surrounding lines" in obs
+  assert obs == ("error: search_replace: the search text must occur exactly once in "
+                 "'toylib/__init__.py'; it occurs 2 times (nothing was changed); add "
+                 "surrounding lines to make it unique; it starts at lines 10, 12")
+  obs, _ = observe(ws, call("search_replace", path="toylib/__init__.py",
+                            search="unrelated text", replace="x"))
+  assert obs == missed  # nothing near: no hint
+  obs, _ = observe(ws, call("search_replace", path="toylib/__init__.py", search="",
+                            replace="x"))
+  assert obs.endswith("; it is empty (nothing was changed)")
   assert path.read_text() == TOY_LIB.replace("a + b", "a - b")
   obs, _ = observe(ws, call("search_replace", path="tests/test_toylib.py",
                             search="clamp(5, 0, 10) == 5", replace="clamp(5, 0, 10) == 6"))
   assert obs.endswith("(a test file: changes to test files are not graded)")
+
+
+def test_a_missed_search_shows_what_would_have_worked(ws):
+  path = ws.root / "toylib" / "__init__.py"
+  head = ("error: search_replace: the search text must occur exactly once in "
+          "'toylib/__init__.py'; it is not in the file (nothing was changed)\n")
+  # Lines 9-10 of TOY_LIB ("    if x < lo:" / "        return lo"), spaced otherwise.
+  obs, _ = observe(ws, call("search_replace", path="toylib/__init__.py",
+                            search="if x<lo:\n  return lo", replace="x"))
+  spaced = ("it matches once whitespace is ignored; the file's exact text there (spaces "
+            "and indentation must match):\n")
+  assert obs == head + spaced + "lines 9-10:\n    if x < lo:\n        return lo"
+  # Copied from read_file's output, line numbers and all.
+  obs, _ = observe(ws, call("search_replace", path="toylib/__init__.py",
+                            search="   17|     s = 0", replace="x"))
+  assert obs == head + ("the search text holds read_file's line-number prefixes (like "
+                        "'    5| '); search the file's own text\n") + spaced + (
+                            "line 17:\n    s = 0")
+  # A misremembered signature: the nearest line only.
+  obs, _ = observe(ws, call("search_replace", path="toylib/__init__.py",
+                            search="def clamp(x, low, high):", replace="x"))
+  assert obs == head + ("the closest lines in the file; search for their exact text:\n"
+                        "line 8:\ndef clamp(x, lo, hi):")
+  assert path.read_text() == TOY_LIB  # hints never edit
+
+
+def test_missing_paths_get_the_nearest_paths(ws):
+  expected = {
+      call("read_file", path="toylib/init.py"):
+          "error: 'toylib/init.py': no such file; close paths: toylib/__init__.py, toylib/",
+      call("read_file", path="__init__.py"):
+          "error: '__init__.py': no such file; close paths: toylib/__init__.py",
+      call("search_replace", path="test_toylib.py", search="a", replace="b"):
+          "error: 'test_toylib.py': no such file; close paths: tests/test_toylib.py",
+      call("grep", pattern="add", path="test/"):
+          "error: 'test/': no such file or folder; close paths: tests/",
+      call("list_dir", path="toylb"): "error: 'toylb': no such folder; close paths: toylib/",
+      call("read_file", path="toylib"): "error: 'toylib': a folder, not a file (list_dir "
+                                        "lists it)",
+      call("list_dir", path="pyproject.toml"): "error: 'pyproject.toml': a file, not a "
+                                               "folder (read_file reads it)",
+  }
+  for text, observation in expected.items():
+    obs, ep = observe(ws, text)
+    assert obs == observation and not ep.turns[-1].refused_path
 
 
 def test_paths_out_of_the_repository_are_refused(ws, tmp_path):
@@ -188,6 +244,11 @@ def test_hard_links_out_of_the_repository_are_refused(tmp_path):
   assert len(suite.payloads) == 2
   for files in suite.payloads:
     assert "toylib/__init__.py" in files and "toylib/notes.txt" not in files, sorted(files)
+  # Nor is its name offered for a near miss (a symlink's neither).
+  os.symlink(secret, root / "toylib" / "notez.txt")
+  obs, _ = observe(ws, call("read_file", path="toylib/note.txt"))
+  assert obs == ("error: 'toylib/note.txt': no such file; close paths: toylib/, "
+                 "toylib/__init__.py")
 
 
 def test_run_tests_refuses_options_and_missing_files(ws):
