@@ -51,6 +51,13 @@ def main():
   tokenizer = transformers.AutoTokenizer.from_pretrained(args.ckpt, **gguf)
   model = args.ckpt if not gguf else transformers.AutoModelForCausalLM.from_pretrained(
       args.ckpt, dtype=torch.float32, local_files_only=True, **gguf)
+  if gguf:
+    # transformers dequantizes the file into float32 tensors but still marks the model
+    # quantized, and the Trainer refuses to train a quantized model.
+    if getattr(model, "hf_quantizer", None) is not None:
+      model.hf_quantizer.remove_quantization_config(model)
+    model.is_quantized = False
+    assert all(p.dtype == torch.float32 for p in model.parameters())
   exact = {"min_new_tokens": args.new_tokens} if args.exact_new_tokens else None
   workdir = args.workdir or tempfile.mkdtemp(prefix="trl_grpo_")
   config = GRPOConfig(
