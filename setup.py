@@ -51,6 +51,9 @@ EXTRAS = {
     # client Orbax's GCS code calls. Resolved together with the pins above by pip; not
     # installed in the test environment (tests use tests/fake_gcs.py).
     "gcs": ["gcsfs==2026.10.1", "google-cloud-storage==3.17.1"],
+    # bench/perf_real.py's peer: TRL's GRPOTrainer in this environment (it leaves the pins
+    # above as they are; it adds datasets and pandas). bench/rl_step.py keeps its own venvs.
+    "bench": ["trl==1.13.0"],
 }
 
 

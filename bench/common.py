@@ -19,10 +19,11 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def matmul_peak_gflops(n: int = 1024, repeats: int = 10) -> float:
-  """Best f32 GFLOP/s of a jitted n x n x n matmul on the default device."""
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+def matmul_peak_gflops(n: int = 1024, repeats: int = 10, dtype: str = "float32") -> float:
+  """Best GFLOP/s of a jitted n x n x n matmul in `dtype` (f32 by default) on the default
+  device."""
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.dtype(dtype))
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.dtype(dtype))
   f = jax.jit(jnp.dot)
   f(a, b).block_until_ready()
   best = float("inf")
@@ -41,6 +42,15 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     times.append(time.perf_counter() - t)
   times.sort()
   return times[len(times) // 2]
+
+
+def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float, object]:
+  """(median seconds of `repeats` calls after the first, the first call's seconds, the
+  first call's result): a steady state apart from compilation and warm-up."""
+  t = time.perf_counter()
+  first_out = fn()
+  first = time.perf_counter() - t
+  return median_time(fn, repeats), first, first_out
 
 
 # The packages whose versions change the numbers: a fresh install can move an RL run's
@@ -65,6 +75,23 @@ def machine() -> dict:
   return {"platform": platform.platform(), "cpus": os.cpu_count(),
           "jax": jax.__version__, "devices": [str(d) for d in jax.devices()],
           "packages": packages()}
+
+
+def load_json(path) -> dict:
+  """The JSON object in `path`, or {} when there is no such file."""
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+def save_json(path, payload: dict) -> None:
+  """Writes the whole file through a temporary one (an interrupted run loses nothing)."""
+  os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
+  tmp = os.fspath(path) + ".tmp"
+  with open(tmp, "w") as f:
+    f.write(json.dumps(payload, indent=2) + "\n")
+  os.replace(tmp, path)
 
 
 def write_json(path: str | None, payload: dict) -> None:

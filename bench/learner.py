@@ -57,10 +57,12 @@ FLOPS_FORMULA = ("model_flops_per_step = 3 * B * T * ModelConfig.flops_per_token
                  "T = P + N; executed: LM head charged on the N completion positions only")
 
 
-def make_batch(b: int, p: int, n: int, seed: int = 0) -> TrainBatch:
-  """A full-length batch on the default device: `[B, P]` prompts, `[B, N]` completions."""
+def make_batch(b: int, p: int, n: int, seed: int = 0, vocab: int = CONFIG.vocab_size
+               ) -> TrainBatch:
+  """A full-length batch on the default device: `[B, P]` prompts, `[B, N]` completions of
+  random ids in [1, vocab)."""
   rng = np.random.default_rng(seed)
-  v = CONFIG.vocab_size
+  v = vocab
   batch = TrainBatch(
       prompt_tokens=rng.integers(1, v, (b, p)).astype(np.int32),
       prompt_lengths=np.full((b,), p, np.int32),

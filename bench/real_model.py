@@ -45,7 +45,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from bench.common import machine  # noqa: E402
+from bench.common import load_json, machine, save_json  # noqa: E402
 from evotrainer import registry  # noqa: E402
 from evotrainer.eval.heldout import EvalConfig, evaluate  # noqa: E402
 from evotrainer.harness.diagnostics import DIAGNOSTICS, run_diagnostics  # noqa: E402
@@ -84,20 +84,7 @@ def settings(args: argparse.Namespace) -> dict:
           "batch_rows": args.batch_rows}
 
 
-def load(path: str) -> dict:
-  if not os.path.exists(path):
-    return {}
-  with open(path) as f:
-    return json.load(f)
-
-
-def save(path: str, payload: dict) -> None:
-  """Writes the whole file through a temporary one (an interrupted run loses nothing)."""
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.write(json.dumps(payload, indent=2) + "\n")
-  os.replace(tmp, path)
+load, save = load_json, save_json  # bench.common: read / write a resumable result file
 
 
 def uptime() -> str:

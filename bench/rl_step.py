@@ -167,39 +167,50 @@ class OursGRPO:
   is not computed: the GRPO loss does not use it.
   """
 
-  def __init__(self, ckpt_dir: str, num_prompts: int, group_size: int, *,
-               new_tokens: int = NEW_TOKENS, seed: int = 0, micro_batch_size: int = 8):
+  def __init__(self, source, num_prompts: int, group_size: int, *,
+               new_tokens: int = NEW_TOKENS, seed: int = 0,
+               micro_batch_size: Optional[int] = 8, kl_coef: float = KL_COEF,
+               learning_rate: float = LEARNING_RATE, pad_id: int = PAD_ID,
+               trainable_layers: Optional[int] = None):
+    """`source`: an HF checkpoint directory or a loaded `Transformer`. With `kl_coef` 0
+    there is no reference pass (nor a reference copy of the weights)."""
     from evotrainer.learner.step import Learner
     from evotrainer.model.hf import load_hf_checkpoint
     from evotrainer.sampling import Sampler, SamplingParams
 
-    self.model = load_hf_checkpoint(ckpt_dir)
+    self.model = load_hf_checkpoint(source) if isinstance(source, str) else source
     self.config = self.model.config
     self.num_prompts, self.group_size = num_prompts, group_size
     self.rows = num_prompts * group_size
     self.new_tokens = new_tokens
-    self.sampler = Sampler(self.model, pad_id=PAD_ID)
+    self.kl_coef = kl_coef
+    self.sampler = Sampler(self.model, pad_id=pad_id)
     self.sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
-    micro = micro_batch_size if self.rows % micro_batch_size == 0 else None
-    self.learner = Learner(self.model, learning_rate=LEARNING_RATE, kl_coef=KL_COEF,
+    micro = (micro_batch_size if micro_batch_size and self.rows % micro_batch_size == 0
+             else None)
+    self.learner = Learner(self.model, learning_rate=learning_rate, kl_coef=kl_coef,
                            kl_kind="k3", micro_batch_size=micro,
-                           compute_entropy=False)
+                           compute_entropy=False, trainable_layers=trainable_layers)
     self.hparams = self.learner.hparams(temperature=self.sampling.logprob_temperature)
     # The reference is the initial weights; the train state holds its own copy.
     self.ref_params = nnx.state(self.model)
     self.state = self.learner.init_state(self.ref_params)
+    if not kl_coef:
+      self.ref_params = None
     self.rng = jax.random.key(seed)
     self.steps = 0
 
-  def step(self, prompts: np.ndarray) -> dict:
-    """One GRPO step on `prompts` `[G, P]`; returns timings, token counts and outputs."""
+  def step(self, prompts: np.ndarray, lengths: Optional[np.ndarray] = None) -> dict:
+    """One GRPO step on `prompts` `[G, P]` (left-padded to P, each `lengths` `[G]` long;
+    all P when None); returns timings, token counts and outputs."""
     from evotrainer.learner.advantages import grpo_advantages
     from evotrainer.types import PromptBatch, TrainBatch
 
     g, p = prompts.shape
     assert g == self.num_prompts, (g, self.num_prompts)
     rows = np.repeat(prompts, self.group_size, axis=0)  # groups contiguous
-    lengths = np.full((self.rows,), p, np.int32)
+    lengths = np.repeat(np.full((g,), p, np.int32) if lengths is None
+                        else np.asarray(lengths, np.int32), self.group_size)
     self.rng, key = jax.random.split(self.rng)
     t0 = time.perf_counter()
     out = self.sampler(self.state.params, PromptBatch(tokens=rows, lengths=lengths), key,
@@ -212,21 +223,24 @@ class OursGRPO:
         prompt_tokens=rows, prompt_lengths=lengths, completion_tokens=completions,
         loss_mask=np.asarray(out.loss_mask), advantages=advantages,
         old_logprobs=out.logprobs, completion_lengths=out.lengths)
-    ref = self.learner.reference_logprobs(self.ref_params, batch)
-    ref.block_until_ready()
+    phases = {"rollout": t1 - t0}
+    if self.kl_coef:
+      ref = self.learner.reference_logprobs(self.ref_params, batch)
+      ref.block_until_ready()
+      batch = batch.replace(ref_logprobs=ref)
     t2 = time.perf_counter()
-    batch = batch.replace(ref_logprobs=ref)
+    phases["reference" if self.kl_coef else "reward"] = t2 - t1  # reward + advantages in both
     self.state, metrics = self.learner.step(self.state, batch, self.hparams)
     metrics = jax.device_get(metrics)
     t3 = time.perf_counter()
+    phases["update"] = t3 - t2
     self.steps += 1
-    return {"step_s": t3 - t0,
-            "phase_s": {"rollout": t1 - t0, "reference": t2 - t1, "update": t3 - t2},
+    return {"step_s": t3 - t0, "phase_s": phases,
             "prompt_tokens": int(lengths.sum()),
             "completion_tokens": int(np.asarray(out.lengths).sum()),
             "completions": completions, "rewards": rewards,
             "advantages": np.asarray(advantages),
-            "loss": float(metrics["loss"]), "kl": float(metrics["kl"])}
+            "loss": float(metrics["loss"]), "kl": float(metrics.get("kl", 0.0))}
 
 
 class OursRunner:

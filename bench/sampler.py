@@ -25,7 +25,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,7 +32,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from bench.common import machine, matmul_peak_gflops, median_time, write_json  # noqa: E402
+from bench.common import machine, matmul_peak_gflops, timed, write_json  # noqa: E402
 from evotrainer.model.hf import load_hf_checkpoint  # noqa: E402
 from evotrainer.sampling import Sampler, SamplingParams, left_pad  # noqa: E402
 
@@ -56,16 +55,15 @@ def build_checkpoint(path: str) -> None:
   transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)
 
 
-def bench_transformers(path, prompts, new_tokens, mode, repeats):
+def transformers_generate(model, prompts, new_tokens: int, mode: tuple):
+  """One transformers `generate` call as a function of nothing: returns the new ids
+  `[B, new_tokens]` of `prompts` (a `[B, P]` list) in `mode` = MODES[...]."""
   import torch
-  import transformers
-  torch.set_num_threads(os.cpu_count() or 1)
-  model = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
   ids = torch.tensor(prompts)
   mask = torch.ones_like(ids)
-  greedy, top_k, top_p = MODES[mode]
+  greedy, top_k, top_p = mode
 
-  def go():
+  def go() -> np.ndarray:
     with torch.no_grad():
       out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens,
                            min_new_tokens=new_tokens, do_sample=not greedy,
@@ -73,31 +71,43 @@ def bench_transformers(path, prompts, new_tokens, mode, repeats):
                            top_p=top_p,
                            use_cache=True, pad_token_id=0, eos_token_id=None)
     assert out.shape[1] == ids.shape[1] + new_tokens
+    return out[:, ids.shape[1]:].numpy()
 
-  t = time.perf_counter()
-  go()
-  first = time.perf_counter() - t
-  return median_time(go, repeats), first
+  return go
 
 
-def bench_ours(model, prompts, new_tokens, mode, repeats):
-  sampler = Sampler(model, pad_id=0)
-  batch = left_pad(prompts, 0)
+def ours_generate(model, prompts, new_tokens: int, mode: tuple, pad_id: int = 0):
+  """One call of our `Sampler` as a function of nothing (a new key each call): returns
+  the new ids `[B, new_tokens]` of `prompts` in `mode` = MODES[...]."""
+  sampler = Sampler(model, pad_id=pad_id)
+  batch = left_pad(prompts, pad_id)
   params = nnx.state(model)
-  greedy, top_k, top_p = MODES[mode]
+  greedy, top_k, top_p = mode
   sp = SamplingParams(max_new_tokens=new_tokens, greedy=greedy, temperature=1.0,
                       top_k=top_k, top_p=top_p)
   keys = iter(range(10**6))
 
-  def go():
+  def go() -> np.ndarray:
     out = sampler(params, batch, jax.random.key(next(keys)), stop_ids=None, sampling=sp)
     out.tokens.block_until_ready()
     assert int(np.asarray(out.lengths).min()) == new_tokens
+    return np.asarray(out.tokens)
 
-  t = time.perf_counter()
-  go()
-  first = time.perf_counter() - t
-  steady = median_time(go, repeats)
+  return go
+
+
+def bench_transformers(path, prompts, new_tokens, mode, repeats):
+  import torch
+  import transformers
+  torch.set_num_threads(os.cpu_count() or 1)
+  model = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+  steady, first, _ = timed(transformers_generate(model, prompts, new_tokens, MODES[mode]),
+                           repeats)
+  return steady, first
+
+
+def bench_ours(model, prompts, new_tokens, mode, repeats):
+  steady, first, _ = timed(ours_generate(model, prompts, new_tokens, MODES[mode]), repeats)
   return steady, first - steady
 
 

@@ -34,11 +34,18 @@ sys.stdout = sys.stderr
 def parse_args(description: str) -> argparse.Namespace:
   ap = argparse.ArgumentParser(description=description)
   ap.add_argument("--ckpt", required=True, help="HF checkpoint + tokenizer directory")
-  ap.add_argument("--prompts", required=True, help=".npy of [steps, G, P] prompt ids")
+  ap.add_argument("--gguf_file", default=None,
+                  help="a .gguf file in --ckpt: model and tokenizer come from it")
+  ap.add_argument("--prompts", required=True,
+                  help=".npy of [steps, G, P] prompt ids, or .json of [steps][G] prompt texts")
   ap.add_argument("--group_size", type=int, required=True, help="samples per prompt")
   ap.add_argument("--new_tokens", type=int, default=64)
   ap.add_argument("--learning_rate", type=float, default=1e-5)
   ap.add_argument("--kl_coef", type=float, default=0.04)
+  ap.add_argument("--epsilon_high", type=float, default=None,
+                  help="upper clip range (None: the framework's default)")
+  ap.add_argument("--exact_new_tokens", action="store_true",
+                  help="every row generates --new_tokens (EOS suppressed until then)")
   ap.add_argument("--gated", action="store_true", help="wait for 'go' before every step")
   ap.add_argument("--workdir", default=None, help="scratch directory for the framework")
   return ap.parse_args()
@@ -52,6 +59,15 @@ def emit(**record) -> None:
 def prompt_texts(prompts: np.ndarray) -> List[str]:
   """`[G, P]` ids -> texts of the token-id tokenizer ("12 7 4051 ...")."""
   return [" ".join(str(int(t)) for t in row) for row in prompts]
+
+
+def load_prompt_texts(path: str) -> List[List[str]]:
+  """`[steps][G]` prompt texts: a .json list of lists, or a .npy of `[steps, G, P]` ids
+  (token-id texts, `prompt_texts`)."""
+  if path.endswith(".json"):
+    with open(path) as f:
+      return json.load(f)
+  return [prompt_texts(step) for step in np.load(path)]
 
 
 def even_share_of_text(text: str) -> float:

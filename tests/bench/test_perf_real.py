@@ -1,0 +1,115 @@
+"""bench/perf_real.py: its whole path on the tiny `--quick` model (child processes
+included), and its summaries checked against the raw runs they come from."""
+
+import importlib.util
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench import perf_real
+from evotrainer.learner.step import Learner
+from tests.tiny_models import tiny_config
+
+ROWS, TOKENS = 2, 8  # --quick: batch 2, 8-token prompts, 8 new tokens
+
+
+def _quick(tmp_path, parts: str):
+  argv = ["--quick", "--parts", parts, "--json", str(tmp_path / "quick.json"),
+          "--cache_dir", str(tmp_path / "cache")]
+  return perf_real.main(argv), argv
+
+
+def test_learner_flops_per_token():
+  cfg = tiny_config()
+  f = cfg.flops_per_token((16 + 1) / 2)
+  head = 2.0 * cfg.hidden_size * cfg.vocab_size
+  assert perf_real.learner_flops_per_token(cfg, 16, None) == 3 * f
+  # Every block trained, the head frozen: backward through the head once (to its input).
+  assert perf_real.learner_flops_per_token(cfg, 16, cfg.num_layers) == pytest.approx(3 * f - head)
+  one_block = perf_real.learner_flops_per_token(cfg, 16, 1)
+  assert one_block == pytest.approx(f + head + 2 * (f - head) / cfg.num_layers)
+
+
+@pytest.mark.slow
+def test_quick_sampler_and_learner(tmp_path, capsys):
+  payload, argv = _quick(tmp_path, "sampler,learner")
+  runs = payload["runs"]
+  ours = runs["sampler/ours/float32/b2"]["result"]["modes"]["greedy"]
+  theirs = runs["sampler/transformers/float32/b2"]["result"]["modes"]["greedy"]
+  # The same weights and prompts: greedy decoding gives the same tokens on both sides.
+  assert ours["row_digests"] == theirs["row_digests"]
+  assert len(ours["row_digests"]) == ROWS
+  assert payload["sampler_greedy_agreement"] == {"float32_b2": 1.0}
+  for side in (ours, theirs):
+    assert side["tokens_per_s"] > 0
+    assert side["tokens_per_s"] == pytest.approx(ROWS * TOKENS / side["steady_s"])
+  ratio = round(ours["tokens_per_s"] / theirs["tokens_per_s"], 3)
+  assert payload["sampler_vs_transformers"] == {"greedy_b2": ratio}
+  assert payload["sampler_by_dtype"] == {"float32": {"greedy_b2": ratio}}
+  split = payload["sampler_time_split"]["float32_b2"]
+  assert split["prefill_s"] > 0 and split["lm_head_ms_per_step"] > 0
+  assert split["prefill_s"] + split["decode_s"] == pytest.approx(ours["steady_s"])
+
+  config = perf_real.model_config(perf_real.model_source(True, str(tmp_path / "cache")))
+  full = runs["learner/float32/full"]["result"]
+  top = runs["learner/float32/top1"]["result"]
+  assert payload["learner_mfu"] == {"float32": round(full["mfu"], 4)}
+  for r, layers in ((full, None), (top, 1)):
+    assert r["tokens_per_s"] == pytest.approx(ROWS * 2 * TOKENS / r["step_s"])
+    assert r["flops_per_token"] == perf_real.learner_flops_per_token(config, 2 * TOKENS, layers)
+    assert r["mfu"] == pytest.approx(
+        r["flops_per_token"] * r["tokens_per_s"] / 1e9 / r["peak_gflops_per_s"])
+    assert 0 < r["mfu"] < 1
+  assert 0 < top["trainable_params"] < full["trainable_params"] == config.num_params()
+  load = payload["machine"]["load_by_part"]
+  assert set(load) == {"sampler", "learner"} and len(load["sampler"]["before"]) == 3
+
+  # Resumable: a rerun with the same settings measures nothing and keeps the runs.
+  capsys.readouterr()
+  again = perf_real.main(argv)
+  out = capsys.readouterr().out
+  assert "running" not in out and out.count("skipped") == len(runs) == 4
+  assert again["runs"] == json.loads(json.dumps(runs))
+
+
+def test_trl_command_runs_the_driver_with_our_settings(tmp_path):
+  spec = {"source": {"dir": "/models", "gguf_file": "m.gguf", "name": "m"},
+          "prompts_path": "/p.json", "group": 8, "new_tokens": 128}
+  cmd = perf_real.trl_command(spec, "/work")
+  assert cmd[0] == sys.executable and os.path.isfile(cmd[1])
+  # The driver's own parser reads it as meant (protocol.py needs numpy only).
+  probe = ("import json, sys; sys.path.insert(0, sys.argv[1]); import protocol; "
+           "sys.argv = sys.argv[2:]; print(json.dumps(vars(protocol.parse_args('x'))), "
+           "file=sys.stderr)")
+  proc = subprocess.run([sys.executable, "-c", probe, os.path.dirname(cmd[1]), *cmd[1:]],
+                        capture_output=True, text=True, check=True)
+  args = json.loads(proc.stderr.strip().splitlines()[-1])
+  assert args == {"ckpt": "/models", "gguf_file": "m.gguf", "prompts": "/p.json",
+                  "group_size": 8, "new_tokens": 128, "learning_rate": perf_real.LEARNING_RATE,
+                  "kl_coef": 0.0, "epsilon_high": perf_real.CLIP_HIGH,
+                  "exact_new_tokens": True, "gated": False, "workdir": "/work"}
+  # TRL's upper clip is the one our Learner uses by default.
+  assert inspect.signature(Learner).parameters["clip_high"].default == perf_real.CLIP_HIGH
+  hf_dir = perf_real.trl_command({**spec, "source": {"dir": "/d", "gguf_file": None}}, "/w")
+  assert "--gguf_file" not in hf_dir
+
+
+@pytest.mark.slow
+def test_quick_rl_step_against_trl(tmp_path):
+  if importlib.util.find_spec("trl") is None:
+    pytest.skip("trl is not installed: pip install -e '.[bench]' (setup.py's bench extra)")
+  payload, _ = _quick(tmp_path, "rl")
+  rl = payload["rl_step_vs_trl"]
+  for side in ("ours", "ours_top1", "trl"):
+    # 2 prompts x 2 samples: the same prompt tokens, exactly 8 new tokens on both sides.
+    assert rl[side]["prompt_tokens_per_step"] == 2 * 2 * TOKENS
+    assert rl[side]["completion_tokens_per_step"] == 2 * 2 * TOKENS
+    assert rl[side]["tokens_per_s"] > 0 and rl[side]["steps_timed"] == 1
+    assert rl[side]["generation_s"] > 0 and rl[side]["training_s"] > 0
+  assert "reference" not in rl["trl"]["phase_s"]  # KL off: TRL builds no reference model
+  for side in ("ours", "ours_top1"):
+    assert rl[f"{side}_over_trl"] == round(rl[side]["tokens_per_s"] / rl["trl"]["tokens_per_s"], 3)
