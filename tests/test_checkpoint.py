@@ -51,6 +51,7 @@ def data_files(step_dir):
   return sorted(files, key=os.path.getsize, reverse=True)
 
 
+@pytest.mark.slow
 def test_round_trip_params_opt_state_and_metadata(tmp_path):
   tx, params, opt_state = trained_state()
   key = jax.random.key(7)
@@ -87,6 +88,7 @@ def test_round_trip_params_opt_state_and_metadata(tmp_path):
   assert_trees_equal(state["opt_state"], opt_state)
 
 
+@pytest.mark.slow
 def test_restore_onto_mesh_is_sharded_and_equal(tmp_path, devices):
   tx, params, opt_state = trained_state()
   ck.save(tmp_path, 1, params, opt_state)  # written from one device
@@ -258,6 +260,7 @@ def test_save_validates_inputs(tmp_path):
     assert ckpts.all_steps() == []
 
 
+@pytest.mark.slow
 def test_save_and_restore_model_bf16(tmp_path, devices):
   cfg = ModelConfig(**{**ck.config_to_json(CFG), "param_dtype": "bfloat16",
                        "dtype": "bfloat16"})

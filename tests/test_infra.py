@@ -55,6 +55,7 @@ def test_classify():
   assert infra.classify("timeout", "error (disk): x") is None  # a too-slow change: evidence
 
 
+@pytest.mark.slow
 def test_failing_children_are_retried_and_kept_apart(tmp_path):
   plan = tmp_path / "plan.json"
   # v1.0 is killed once then trains; v1.1 hits a full disk twice; v1.2 times out.
@@ -86,6 +87,7 @@ def test_failing_children_are_retried_and_kept_apart(tmp_path):
     assert ledger.consecutive_rejections() == len(rejected)
 
 
+@pytest.mark.slow
 def test_no_branch_could_train_stops_the_run_and_a_relaunch_retries(tmp_path):
   plan = tmp_path / "plan.json"
   plan.write_text(json.dumps({"v1.0": ["disk"], "v1.1": ["disk"]}))

@@ -42,6 +42,7 @@ def test_swe_gin_clears_the_history_by_default(parsed):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_launch_swe_leaky_rejects_the_history_reading_branches(tmp_path):
   """gin/swe_leaky.gin through the launcher on the toy library, with the planted leak
   user: the root's warm start copies the history agent (`SweDomain.demonstrations =

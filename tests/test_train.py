@@ -61,6 +61,7 @@ def _metrics(workdir):
   return {r["step"]: r for r in rows if "reward" in r}
 
 
+@pytest.mark.slow
 def test_resume_reproduces_an_uninterrupted_run(setup, tmp_path):
   full = _run(setup, tmp_path / "full", steps=4)
   _run(setup, tmp_path / "cut", steps=2)  # "interrupted" after step 2 (checkpointed)
@@ -87,6 +88,7 @@ class _HashFilter:
     return np.array([zlib.crc32(g[0].task_id.encode()) % 4 != 0 for g in groups])
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_compiles_one_sampler_and_one_learner_program(setup, tmp_path):
   from evotrainer.harness.filters import DynamicSampling
   from evotrainer.harness.pipeline import Harness

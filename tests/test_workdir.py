@@ -143,6 +143,7 @@ def _launch(*args, workdir, timeout=300):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_two_concurrent_launches(tmp_path):
   """A first launch (sample mode, tiny) holds the workdir; a second one on it stops at
   once naming the first's pid and host, and the first finishes undisturbed."""
@@ -173,6 +174,7 @@ def test_two_concurrent_launches(tmp_path):
   assert wd.holder(w) is None  # released at the end
 
 
+@pytest.mark.slow
 def test_launch_flags_unused_by_the_mode_are_errors(tmp_path):
   out = _launch("--gin_file=gin/math.gin", "--sweep_file=gin/sweeps/math_example.gin",
                 workdir=tmp_path / "w")

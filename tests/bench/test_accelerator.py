@@ -7,6 +7,7 @@ import pytest
 from bench import accelerator
 
 
+@pytest.mark.slow
 def test_accelerator_script_runs_tiny_on_the_cpu(tmp_path):
   out = tmp_path / "acc.json"
   result = accelerator.main(["--size", "tiny", "--json", str(out)])

@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from bench import compile_depth
 
 
+@pytest.mark.slow
 def test_compile_depth_script_runs_tiny(tmp_path):
   out = tmp_path / "depth.json"
   result = compile_depth.main(["--layers", "1,2", "--batch", "1", "--length", "8",

@@ -23,6 +23,7 @@ def test_checkpoint_tokenizer_round_trips_ids(ckpt):
   assert tok.pad_token_id == 512 and tok.eos_token_id == 513
 
 
+@pytest.mark.slow
 def test_ours_grpo_step(ckpt):
   groups, group_size, prompt_len, new_tokens = 2, 4, 16, 64
   grpo = rl_step.OursGRPO(ckpt, groups, group_size, new_tokens=new_tokens, micro_batch_size=4)

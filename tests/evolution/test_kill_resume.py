@@ -52,6 +52,7 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_lineage(reference, tmp_path, seed):
   ref_dir, ref_time = reference
   workdir = tmp_path / "run"

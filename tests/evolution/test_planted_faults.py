@@ -59,6 +59,7 @@ def ends(values, window=5):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_the_gates_fire_on_planted_faults_in_the_real_job(tmp_path, solving_warm_start):
   workdir = tmp_path / "evo"
   proc = launch(workdir, solving_warm_start)

@@ -1,12 +1,15 @@
 """The learner step's compiled memory with a 151,936-token vocabulary and 8k completion
 tokens per micro-batch (XLA's memory analysis; nothing is allocated)."""
 
+import pytest
+
 from evotrainer.learner.memory import step_memory
 
 QWEN_VOCAB = 151_936
 GIB = 2**30
 
 
+@pytest.mark.slow
 def test_chunked_logprobs_bound_the_step_memory():
   kw = dict(vocab=QWEN_VOCAB, rows=8, completion=1024)
   whole = step_memory(**kw)

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(
 G, N, T = 2, 10, 0.9
 
 
+@pytest.mark.slow
 def test_learner_logprobs_equal_the_samplers_on_smollm2():
   model, tok = policy(gguf="smollm2-135m-instruct")
   prompt = tok.encode(tok.apply_chat_template(

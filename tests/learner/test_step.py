@@ -119,6 +119,7 @@ def test_completion_logprobs_equal_sampler_logprobs(model, params):
   assert np.all(ent_valid > np.log(vocab_limit) - 0.1)
 
 
+@pytest.mark.slow
 def test_completion_logprobs_equal_unpadded_forward(model):
   batch = token_batch()
   logp, ent = completion_logprobs(model, jax.tree.map(jnp.asarray, batch))
@@ -144,6 +145,7 @@ def test_completion_logprobs_equal_unpadded_forward(model):
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.3])
+@pytest.mark.slow
 def test_sampler_at_temperature_and_learner_agree_and_ratio_is_one(model, params, learner,
                                                                     temperature):
   """Samples drawn at T != 1: the learner's log-probs at T equal the sampler's, so the
@@ -231,6 +233,7 @@ def test_micro_batched_step_equals_full_batch(learner, micro_learner, params,
 
 
 @pytest.mark.parametrize("chunk", [1, 4])  # 4 does not divide N = 6: a padded last block
+@pytest.mark.slow
 def test_chunked_logprobs_step_equals_one_block(model, learner, params, current_logprobs,
                                                 chunk):
   chunked = Learner(model, logprob_chunk=chunk, **LINEAR_ADAM)

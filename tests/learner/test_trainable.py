@@ -89,6 +89,7 @@ def test_optimizer_state_covers_the_trainable_parameters_only(model):
   assert set(flat(state.params)) == set(flat(nnx.state(model)))  # the state keeps them all
 
 
+@pytest.mark.slow
 def test_a_step_moves_the_trainable_parameters_only_by_the_full_gradient(model):
   params = nnx.state(model)
   before = flat(params)
@@ -129,6 +130,7 @@ def test_learner_logprobs_equal_the_samplers_after_a_partial_update(model):
   assert np.abs(ours - np.asarray(learner.reference_logprobs(params, sampled, 0.8))).max() > 1e-4
 
 
+@pytest.mark.slow
 def test_trimmed_prompt_padding_keeps_the_logprobs(model):
   b = batch(2)
   wide = b.replace(prompt_tokens=np.pad(b.prompt_tokens, [(0, 0), (40, 0)]))  # width 46

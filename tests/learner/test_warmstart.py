@@ -98,6 +98,7 @@ def test_supervised_loss_is_token_mean_nll():
   assert float(metrics["tokens"]) == 3
 
 
+@pytest.mark.slow
 def test_loss_covers_completion_only(tok):
   """The loss equals cross-entropy read off one plain forward pass over bos + prompt +
   completion at the completion positions: the prompt and padding are not trained on."""
@@ -119,6 +120,7 @@ def test_loss_covers_completion_only(tok):
   np.testing.assert_allclose(float(loss), np.mean(nll), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_pack_prompts_keeps_every_trained_logprob(tok):
   """Packed rows (prompt moved into the completion, masked) give the same log-probs of
   the trained tokens and the same loss as the rollout layout, with less padding."""
@@ -188,6 +190,7 @@ def test_bucketed_warm_start_learns(tok, task, tmp_path, counted_train):
   assert checkpoint.read_model_metadata(entry)["settings"]["bucket_width"] == 4
 
 
+@pytest.mark.slow
 def test_warm_start_trains_then_hits_cache(tok, task, tmp_path, counted_train, caplog):
   kw = dict(steps=40, batch_size=32, learning_rate=3e-3, seed=0, cache_dir=str(tmp_path))
   first = warmstart.warm_start(Transformer(TINY, rngs=nnx.Rngs(0)), tok, task, **kw)
@@ -222,6 +225,7 @@ def test_warm_start_trains_then_hits_cache(tok, task, tmp_path, counted_train, c
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_sharded_warm_start_matches_unsharded(tok, task, tmp_path, devices):
   kw = dict(steps=3, batch_size=8, learning_rate=3e-3, seed=0)
   ref = warmstart.warm_start(Transformer(TINY, rngs=nnx.Rngs(0)), tok, task,
@@ -299,6 +303,7 @@ class _TaggedTurns:
     return turn.startswith("<answer>") and turn.endswith("</answer>")
 
 
+@pytest.mark.slow
 def test_target_validity_stops_on_sampled_first_turns(tok, task, tmp_path, counted_train):
   kw = dict(steps=300, batch_size=32, learning_rate=3e-3, seed=0, cache_dir=str(tmp_path),
             check_every=10, check_problems=32)

@@ -63,6 +63,7 @@ def test_unknown_attention_impl_is_rejected():
 
 
 @pytest.mark.parametrize("remat", [False, True])
+@pytest.mark.slow
 def test_forward_logits_equal_dense_with_left_padding(remat, monkeypatch):
   dense, xla = pair(remat=remat)
   tokens, valid = left_padded_tokens()

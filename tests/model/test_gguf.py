@@ -173,6 +173,7 @@ def _chat_batch(tok):
 
 
 @needs_smollm2
+@pytest.mark.slow
 def test_smollm2_logits_match_transformers(smol):
   model, tok, ref_model = smol
   tokens, valid = _chat_batch(tok)

@@ -149,6 +149,7 @@ EXPORT_CONFIGS = {
 
 
 @pytest.mark.parametrize("arch", list(EXPORT_CONFIGS))
+@pytest.mark.slow
 def test_export_loads_in_transformers(tmp_path, arch):
   config = EXPORT_CONFIGS[arch]
   model = _perturbed_model(config, seed=1)

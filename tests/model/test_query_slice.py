@@ -29,6 +29,7 @@ def inputs():
 
 @pytest.mark.parametrize("remat", [False, True])
 @pytest.mark.parametrize("start,stop", [(0, T), (T - 1, T), (4, 8)])
+@pytest.mark.slow
 def test_query_slice_equals_the_full_forward_slice(remat, start, stop):
   model = Transformer(dataclasses.replace(CFG, remat=remat), rngs=nnx.Rngs(1))
   tokens, positions, mask = inputs()

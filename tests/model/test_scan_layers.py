@@ -55,6 +55,7 @@ def test_scanned_logits_and_query_slice_equal_unrolled(remat):
                              jitted(unrolled, sliced)(tokens, valid), atol=TOL)
 
 
+@pytest.mark.slow
 def test_scanned_gradients_equal_unrolled():
   unrolled, scanned = pair(remat=True)
   tokens, valid = inputs()
@@ -111,6 +112,7 @@ def test_calls_with_a_cache_run_unrolled_and_equal():
     np.testing.assert_allclose(b, a, atol=TOL)
 
 
+@pytest.mark.slow
 def test_sharded_learner_step_with_scan_equals_unrolled(devices):
   # On the 8-device mesh (fsdp x tensor split parameters) the stacked copy inside the
   # program is sharded by propagation; the update equals the unrolled model's.

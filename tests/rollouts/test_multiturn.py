@@ -53,6 +53,7 @@ def _split_turns(gen: Generation, i: int) -> list:
           for (s, e, _), nxt in zip(spans, ends)]
 
 
+@pytest.mark.slow
 def test_token_in_token_out(model, sampler):
   task, _, gen = _run(model, sampler, budget=TurnBudget(max_turns=4, max_context=64,
                                                         max_tokens_per_turn=8))
@@ -96,6 +97,7 @@ def test_token_in_token_out(model, sampler):
 
 
 @pytest.mark.parametrize("kv_continuation", [True, False])
+@pytest.mark.slow
 def test_sampler_logprobs_match_a_teacher_forced_forward(model, sampler, kv_continuation):
   _, _, gen = _run(model, sampler, budget=TurnBudget(max_turns=3, max_context=64,
                                                      max_tokens_per_turn=8), key=5,
@@ -123,6 +125,7 @@ def test_sampler_logprobs_match_a_teacher_forced_forward(model, sampler, kv_cont
   assert checked > 0  # tokens of later turns (after an observation) were compared
 
 
+@pytest.mark.slow
 def test_kv_continuation_samples_what_re_prefilling_samples(model, sampler):
   budget = TurnBudget(max_turns=4, max_context=96, max_tokens_per_turn=8)
   runs = [_run(model, sampler, budget=budget, problems=3, key=7, kv_continuation=c)[2]
@@ -201,6 +204,7 @@ def _mixed(p):  # per problem: submits after 2 turns, never, raises, times out
           _Sleeping][int(p.id.split("/")[1]) % 4]()
 
 
+@pytest.mark.slow
 def test_overlap_waves_sample_what_lock_step_samples(model, sampler):
   budget = TurnBudget(max_turns=3, max_context=64, max_tokens_per_turn=8,
                       tool_time_limit_s=0.2)
@@ -284,6 +288,7 @@ def test_mask_budget_stops_zeroes_the_loss_mask(model, sampler):
   assert keep.tolist() == [s not in BUDGET_STOPS for s in _stops(gen)]
 
 
+@pytest.mark.slow
 def test_compiled_programs_stay_bounded(model):
   sampler = Sampler(model, pad_id=TOK.pad_id)  # a fresh one: count its programs only
   budget = TurnBudget(max_turns=6, max_context=96, max_tokens_per_turn=8)
@@ -425,6 +430,7 @@ def _metrics(workdir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("overlap_waves", [1, 2])
+@pytest.mark.slow
 def test_two_processes_get_identical_generations(tmp_path, overlap_waves):
   import sys
 

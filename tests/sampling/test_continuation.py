@@ -21,6 +21,7 @@ def model():
 
 
 @pytest.mark.parametrize("greedy", [True, False])
+@pytest.mark.slow
 def test_continuing_from_the_cache_equals_a_fresh_prefill(model, greedy):
   rng = np.random.default_rng(0)
   v = model.config.vocab_size

@@ -49,6 +49,7 @@ def test_prompt_groups_by_hand():
 
 
 @pytest.mark.parametrize("greedy", [False, True])
+@pytest.mark.slow
 def test_shared_prefill_equals_per_row_prefill(model, greedy):
   batch = grouped(PROMPTS)
   sp = SamplingParams(max_new_tokens=N, temperature=1.0, greedy=greedy)

@@ -228,6 +228,7 @@ def test_bad_input_is_a_clear_error(model):
     SamplingParams(temperature=0.0)
 
 
+@pytest.mark.slow
 def test_vocab_limit_is_never_exceeded(model, prompts):
   limit = 17
   sampler = Sampler(model, pad_id=PAD, vocab_limit=limit)

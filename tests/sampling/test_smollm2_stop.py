@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(
 N = 24
 
 
+@pytest.mark.slow
 def test_generation_stops_at_im_end():
   model, tok = policy(gguf="smollm2-135m-instruct")
   im_end = tok.encode("<|im_end|>")

@@ -78,6 +78,7 @@ def _run(cell, name, attack, outside, planted, listener):
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
+@pytest.mark.slow
 def test_attack_is_contained(name, cell, outside, planted, listener):
   attack = ATTACKS[name]
   result, wall = _run(cell, name, attack, outside, planted, listener)

@@ -126,6 +126,7 @@ def _train_step(graphdef, tx, rules):
   return step
 
 
+@pytest.mark.slow
 def test_sharded_train_step_matches_single_device(mesh, sharded):
   graphdef, params = sharded
   tx = optax.adamw(1e-3, weight_decay=0.1)

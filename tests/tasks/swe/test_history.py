@@ -257,6 +257,7 @@ def oracle_agent(task, ep):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_history_agent_resolves_with_history_and_the_validator_rejects_it(
     toy_tree, toy_tasks, suite, tmp_path):
   git_on = tools.ToolConfig(git=True)
