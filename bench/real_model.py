@@ -164,7 +164,8 @@ def main() -> None:
   ap.add_argument("--quick", action="store_true", help="a few prompts, one seed")
   ap.add_argument("--json", default=None, help=f"default {DEFAULT_JSON} ({QUICK_JSON} "
                   "with --quick)")
-  ap.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3], help="code levels")
+  ap.add_argument("--levels", type=int, nargs="*", default=[1, 2, 3],
+                  help="code levels (none: skip them)")
   ap.add_argument("--math_levels", type=int, nargs="*", default=list(MATH_LADDER),
                   help="rungs of MATH_LADDER (none: skip math)")
   ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -172,6 +173,8 @@ def main() -> None:
   ap.add_argument("--k", type=int, default=8)
   ap.add_argument("--max_new_tokens", type=int, default=128)
   ap.add_argument("--humaneval", type=int, default=20, help="HumanEval problems (0: none)")
+  ap.add_argument("--skip_humaneval", action="store_true",
+                  help="leave HumanEval for another invocation (its settings unchanged)")
   ap.add_argument("--humaneval_stride", type=int, default=8)
   ap.add_argument("--humaneval_max_new_tokens", type=int, default=256)
   ap.add_argument("--batch_rows", type=int, default=32, help="rows per sampler call")
@@ -190,7 +193,8 @@ def main() -> None:
   model, tok = policy()
   params = nnx.state(model)
   sampler = Sampler(model, pad_id=tok.pad_id)
-  todo = [f"code_L{lv}" for lv in args.levels] + (["humaneval"] if args.humaneval else [])
+  todo = [f"code_L{lv}" for lv in args.levels] + (
+      ["humaneval"] if args.humaneval and not args.skip_humaneval else [])
   todo += [f"math_L{lv}" for lv in args.math_levels]
   for name in todo:
     for seed in args.seeds:

@@ -34,3 +34,21 @@ def test_settings_decide_what_a_rerun_redoes(tmp_path):
   assert stored["code_base_runs"]["code_L1/seed0"]["settings"] == real_model.settings(args)
   args.k = 4
   assert stored["code_base_runs"]["code_L1/seed0"]["settings"] != real_model.settings(args)
+
+
+def test_math_rungs_are_summarized_apart_from_code():
+  runs = {"math_L1/seed0": {"result": _result(0.5, 1.0, 0.0, ["dead_group_ratio"])},
+          "code_L1/seed0": {"result": _result(0.25, 0.5, 0.0, [])}}
+  out = real_model.summary(runs, k=8)
+  assert out["math_base_test_pass1"]["1"]["avg8"] == 0.5
+  assert out["code_base_test_pass1"]["1"]["avg8"] == 0.25
+  assert out["math_base_diagnostics"]["1"]["fired"] == ["dead_group_ratio"]
+
+
+def test_the_math_ladder_names_real_sources_easiest_first():
+  from evotrainer.tasks.math.task import PROCEDURAL_SOURCES
+  assert list(real_model.MATH_LADDER) == [1, 2, 3, 4]
+  assert all(src in PROCEDURAL_SOURCES and 1 <= d <= 3
+             for src, d in real_model.MATH_LADDER.values())
+  assert real_model.MATH_LADDER[1] == ("basic_arithmetic", 1)  # one-digit a +- b
+  assert real_model.MATH_LADDER[4][0] == "gsm_symbolic"  # word problems last
