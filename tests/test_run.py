@@ -236,3 +236,17 @@ def test_branch_writes_its_result_and_test_figures_against_values_by_hand(
   monkeypatch.setattr(train_lib, "train", None)
   assert branch_mode.train_branch(str(tmp_path), None, None, task, None, 3, None) == written
 
+
+
+def test_branches_replay_the_whole_command_line_search_paths_included():
+  from evotrainer.config import CommandLine
+  cli = CommandLine(gin_files=("mine.gin",), gin_bindings=("a.b = 1",),
+                    gin_search_paths=("/my/gin", "/more"), imports=("my_mod",),
+                    flags=("--new_segment",))
+  cmd = evolve_mode.branch_trainer(cli, branch_steps=7, timeout_s=60).command(
+      version="v1.0", parent_checkpoint=None, bindings=["c.d = 2"], seed=3, workdir="/w")
+  assert cmd[1:4] == ["-m", "evotrainer.launch", "--workdir=/w"]
+  assert cmd[4:9] == ["--gin_file=mine.gin", "--import=my_mod", "--new_segment",
+                      "--gin_search_paths=/my/gin", "--gin_search_paths=/more"]
+  assert cmd[9:12] == ["--gin_bindings=a.b = 1", "--gin_bindings=train.steps = 7",
+                       "--gin_bindings=c.d = 2"]

@@ -77,12 +77,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   from evotrainer.evolution.ledger.mirror import ledger_exists, open_ledger, push_run_files
   from evotrainer.evolution.skills import SEED_DIR, SkillLibrary
   from evotrainer.evolution.sweep import gin_harness_builder
-  from evotrainer.evolution.trainer import SubprocessTrainer
 
-  cli = command_line or CommandLine()
-  trainer = SubprocessTrainer(
-      list(cli.gin_files), [*cli.gin_bindings, f"train.steps = {int(branch_steps)}"],
-      imports=list(cli.imports), timeout_s=branch_timeout_s, flags=list(cli.flags))
+  trainer = branch_trainer(command_line or CommandLine(), branch_steps, branch_timeout_s)
   hosts = pod.current()
   if hosts is not None and not hosts.leader:  # process 0 alone runs the controller
     pod.follow(trainer, hosts)
@@ -135,3 +131,13 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   say(f"[evotrainer] incumbent {incumbent.id if incumbent else None}; "
       f"{len(summary.get('versions', []))} versions")
   return summary
+
+
+def branch_trainer(cli: CommandLine, branch_steps: int, timeout_s: float):
+  """The trainer whose child processes see the parent's command line: its gin files, gin
+  search paths, imports and flags, its bindings and then `train.steps = branch_steps`."""
+  from evotrainer.evolution.trainer import SubprocessTrainer
+  flags = [*cli.flags, *(f"--gin_search_paths={p}" for p in cli.gin_search_paths)]
+  return SubprocessTrainer(
+      list(cli.gin_files), [*cli.gin_bindings, f"train.steps = {int(branch_steps)}"],
+      imports=list(cli.imports), timeout_s=timeout_s, flags=flags)
