@@ -71,10 +71,16 @@ def packages(extra: Sequence[str] = ()) -> dict:
   return out
 
 
-def machine() -> dict:
+def machine(extra: Sequence[str] = ()) -> dict:
+  """The platform, CPU count, jax and its devices, and `packages(extra)`."""
   return {"platform": platform.platform(), "cpus": os.cpu_count(),
           "jax": jax.__version__, "devices": [str(d) for d in jax.devices()],
-          "packages": packages()}
+          "packages": packages(extra)}
+
+
+def uptime() -> str:
+  """`uptime`'s line: the clock and the load averages, for a log or a result."""
+  return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def load_json(path) -> dict:
@@ -114,6 +120,28 @@ def launch_run(gin_files: list, bindings: list, workdir: pathlib.Path,
   if proc.returncode != 0:
     raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}); see {log}")
   return json.loads((workdir / "summary.json").read_text())
+
+
+LAUNCH_FILE = "bench_launch.json"  # a benchmark run directory's command (`run_or_read`)
+
+
+def run_or_read(gin_files: list, bindings: list, wd: pathlib.Path,
+                log: pathlib.Path) -> dict:
+  """The summary.json of the finished run in `wd` (its `bench_done` marker), else the
+  run's, launched now (`launch_run`). The command is kept in `wd/bench_launch.json`; a run
+  directory that holds another command is refused (its result would not be this one's)."""
+  record = {"gin_files": list(gin_files), "bindings": list(bindings)}
+  kept = wd / LAUNCH_FILE
+  if kept.exists() and json.loads(kept.read_text()) != record:
+    raise RuntimeError(f"{wd} holds a run of another command ({kept}); use another "
+                       f"--workdir, or remove that run directory to rerun it")
+  if (wd / "bench_done").exists():
+    return json.loads((wd / "summary.json").read_text())
+  wd.mkdir(parents=True, exist_ok=True)
+  kept.write_text(json.dumps(record, indent=2) + "\n")
+  summary = launch_run(gin_files, bindings, wd, log)
+  (wd / "bench_done").touch()
+  return summary
 
 
 def paired_interval(per_seed: Sequence[tuple[Mapping, Mapping]], n: int = 2000, seed: int = 0,

@@ -56,35 +56,13 @@ import pathlib
 import statistics
 import time
 
-from bench.common import launch_run, packages, paired_interval
+from bench.common import packages, paired_interval, run_or_read
 from bench.evolve_arms import (ARMS, DOMAINS, FILTERS, arm_launches, base_arm, choose_filter,
                                clip_higher_is_static, evolve_arm, filter_binding, static_arm)
 
 # The order arms run in for one seed: static_lineage needs the evotrainer run's lineage.
 ORDER = ("evotrainer", "recipe_search", "static", "base", "clip_higher",
          "best_static_filter", "static_lineage")
-LAUNCH_FILE = "bench_launch.json"
-
-
-def run_or_read(gin_files: list, bindings: list, wd: pathlib.Path,
-                log: pathlib.Path) -> dict:
-  """The summary.json of the finished run in `wd` (its `bench_done` marker), else the
-  run's, launched now. The command is kept in `wd/bench_launch.json`; a run directory that
-  holds another command is refused (its result would not be this arm's)."""
-  record = {"gin_files": list(gin_files), "bindings": list(bindings)}
-  kept = wd / LAUNCH_FILE
-  if kept.exists() and json.loads(kept.read_text()) != record:
-    raise RuntimeError(f"{wd} holds a run of another command ({kept}); use another "
-                       f"--workdir, or remove that run directory to rerun it")
-  if (wd / "bench_done").exists():
-    return json.loads((wd / "summary.json").read_text())
-  wd.mkdir(parents=True, exist_ok=True)
-  kept.write_text(json.dumps(record, indent=2) + "\n")
-  summary = launch_run(gin_files, bindings, wd, log)
-  (wd / "bench_done").touch()
-  return summary
-
-
 def _args(argv):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated run seeds")

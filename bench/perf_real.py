@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -472,17 +471,12 @@ def settings_of(spec: dict) -> dict:
 def machine_info(runs: dict) -> dict:
   """`machine()`, more package versions, and each part's load average: before its first
   run and after its last."""
-  info = machine()
+  info = machine(VERSIONS)
   info["load_by_part"] = {}
   for run in runs.values():
     load = info["load_by_part"].setdefault(run["settings"]["part"], {})
     load.setdefault("before", run["load_before"])
     load["after"] = run["load_after"]
-  for name in VERSIONS:
-    try:
-      info["packages"][name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      info["packages"][name] = None
   return info
 
 

@@ -32,20 +32,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib.metadata
 import json
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from bench.common import load_json, machine, save_json  # noqa: E402
+from bench.common import load_json, machine, save_json, uptime  # noqa: E402
 from evotrainer import registry  # noqa: E402
 from evotrainer.eval.heldout import EvalConfig, evaluate  # noqa: E402
 from evotrainer.harness.diagnostics import DIAGNOSTICS, run_diagnostics  # noqa: E402
@@ -84,11 +81,7 @@ def settings(args: argparse.Namespace) -> dict:
           "batch_rows": args.batch_rows}
 
 
-load, save = load_json, save_json  # bench.common: read / write a resumable result file
 
-
-def uptime() -> str:
-  return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def measure(rollout, params, problems, k: int, max_new_tokens: int, batch_rows: int,
@@ -184,7 +177,7 @@ def main() -> None:
     args.humaneval = min(args.humaneval, 2)
     args.batch_rows = 16
   path = args.json or (QUICK_JSON if args.quick else DEFAULT_JSON)
-  payload = load(path)
+  payload = load_json(path)
   runs = payload.setdefault("base_runs", {})
   load_before, up_before = os.getloadavg(), uptime()
   print(f"[real_model] {up_before}", flush=True)
@@ -212,14 +205,9 @@ def main() -> None:
       print(f"[real_model] {key}: " + json.dumps(
           {m: v for m, v in result.items() if m not in ("examples", "diagnostics")}),
           flush=True)
-      save(path, payload)
+      save_json(path, payload)
   mine = {name: r for name, r in runs.items() if r.get("settings") == settings(args)}
-  packages = machine()
-  for name in EXTRA_PACKAGES:
-    try:
-      packages["packages"][name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      packages["packages"][name] = None
+  packages = machine(EXTRA_PACKAGES)
   payload.update({"model": {"name": MODEL, "gin": MODEL_GIN,
                             "params": model.config.num_params(),
                             "dtype": str(model.config.dtype)},
@@ -228,7 +216,7 @@ def main() -> None:
                               "uptime_after": uptime(),
                               "load_before": list(load_before),
                               "load_after": list(os.getloadavg())}})
-  save(path, payload)
+  save_json(path, payload)
   print(json.dumps({k: v for k, v in payload.items() if k != "base_runs"}, indent=2))
 
 

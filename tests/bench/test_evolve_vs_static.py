@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from bench import common as bench_common
 from bench.common import paired_interval
 
 
@@ -278,7 +279,7 @@ def test_the_arms_resume_and_accumulate(tmp_path, monkeypatch):
   finished run directory is refused."""
   from bench import evolve_vs_static
   calls: list = []
-  monkeypatch.setattr(evolve_vs_static, "launch_run", _fake_launch(calls))
+  monkeypatch.setattr(bench_common, "launch_run", _fake_launch(calls))
   argv = ["--domain", "code_smol", "--seeds", "0,1", "--workdir", str(tmp_path / "w"),
           "--json", str(tmp_path / "out.json")]
   out = evolve_vs_static.main(argv)
@@ -331,7 +332,7 @@ def test_a_subset_of_arms_leaves_the_others_null(tmp_path, monkeypatch):
   run have null means and differences, and no selection runs."""
   from bench import evolve_vs_static
   calls: list = []
-  monkeypatch.setattr(evolve_vs_static, "launch_run", _fake_launch(calls))
+  monkeypatch.setattr(bench_common, "launch_run", _fake_launch(calls))
   out = evolve_vs_static.main(["--domain", "code_smol", "--seeds", "0", "--arms",
                                "static_lineage", "--workdir", str(tmp_path / "w")])
   assert [c[2] for c in calls] == ["evotrainer-s0", "static-s0", "static_lineage-s0"]

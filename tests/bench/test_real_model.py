@@ -4,6 +4,7 @@ reused only under the settings it ran with (no model is loaded)."""
 import argparse
 
 from bench import real_model
+from bench.common import load_json, save_json
 
 
 def _result(avg, greedy, prose, fired):
@@ -27,9 +28,9 @@ def test_settings_decide_what_a_rerun_redoes(tmp_path):
   args = argparse.Namespace(num_test=64, k=8, max_new_tokens=128, humaneval=20,
                             humaneval_stride=8, humaneval_max_new_tokens=256, batch_rows=32)
   path = str(tmp_path / "out.json")
-  real_model.save(path, {"other": 1, "code_base_runs": {
+  save_json(path, {"other": 1, "code_base_runs": {
       "code_L1/seed0": {"settings": real_model.settings(args), "result": {}}}})
-  stored = real_model.load(path)
+  stored = load_json(path)
   assert stored["other"] == 1  # other benchmarks' keys survive
   assert stored["code_base_runs"]["code_L1/seed0"]["settings"] == real_model.settings(args)
   args.k = 4
