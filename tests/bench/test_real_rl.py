@@ -1,5 +1,7 @@
 """bench/real_rl.py's reading of a fixed-harness run's summary.json."""
 
+import json
+
 import pytest
 
 from bench.real_rl import rl_result, summarize_rl
@@ -30,3 +32,17 @@ def test_summary_pairs_problems_across_seeds():
   assert out["base_test"] == pytest.approx((0.25 + 0.0) / 2)
   assert out["rl_test"] == pytest.approx((0.375 + 0.5) / 2)
   assert "per_problem" not in out["runs"]["rl-s0"]
+
+
+def test_training_diagnostics_average_each_end_of_the_run(tmp_path):
+  from bench.real_rl import training_diagnostics
+  rows = []
+  for step in range(1, 6):  # correct 0.1 .. 0.5; a step's diagnostics on a second row
+    rows.append({"step": step, "correct": step / 10, "time/step_s": 40.0})
+    rows.append({"step": step, "diag/prose_rate": 0.5 - step / 10})
+  rows.append({"step": "final", "correct": 1.0})  # not a training step
+  path = tmp_path / "metrics.jsonl"
+  path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  out = training_diagnostics(path, edge=2)
+  assert out["first"] == {"correct": 0.15, "time/step_s": 40.0, "diag/prose_rate": 0.35}
+  assert out["last"] == {"correct": 0.45, "time/step_s": 40.0, "diag/prose_rate": 0.05}
