@@ -78,7 +78,23 @@ def evaluate(rollout: SingleTurnEngine, params, heldout: Sequence, cfg: EvalConf
   k = cfg.k
   return ({f"avg{k}": float(correct.mean()), f"pass{k}": float(correct.max(axis=1).mean()),
            "greedy": float(np.concatenate(greedy).mean()),
-           "format": float(np.concatenate(fmt).mean())}, episodes)
+           "format": float(np.concatenate(fmt).mean()),
+           **by_level(problems, correct)}, episodes)
+
+
+def by_level(problems: Sequence, correct: np.ndarray) -> dict:
+  """{'avg{k}_level{L}', 'pass{k}_level{L}'} per `Problem.meta['level']` when the
+  problems span two or more levels (SWE issue levels, `SweDomain.levels`); {} otherwise.
+  `correct` is [problems, k]."""
+  levels = [(p.meta or {}).get("level") for p in problems]
+  if None in levels or len(set(levels)) < 2:
+    return {}
+  k, out = correct.shape[1], {}
+  for level in sorted(set(levels)):
+    rows = correct[[i for i, v in enumerate(levels) if v == level]]
+    out[f"avg{k}_level{level}"] = float(rows.mean())
+    out[f"pass{k}_level{level}"] = float(rows.max(axis=1).mean())
+  return out
 
 
 def evaluate_test_split(rollout, params, task, eval_config=None) -> tuple[dict, dict]:
@@ -125,5 +141,5 @@ def per_problem(episodes) -> dict:
   return {k: sum(v) / len(v) for k, v in sorted(out.items())}
 
 
-__all__ = ["EvalConfig", "canary_evaluation", "evaluate", "evaluate_test_split",
+__all__ = ["EvalConfig", "by_level", "canary_evaluation", "evaluate", "evaluate_test_split",
            "per_problem"]
