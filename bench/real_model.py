@@ -81,9 +81,6 @@ def settings(args: argparse.Namespace) -> dict:
           "batch_rows": args.batch_rows}
 
 
-
-
-
 def measure(rollout, params, problems, k: int, max_new_tokens: int, batch_rows: int,
             seed: int, diagnosed: tuple = DIAGNOSED) -> dict:
   """Avg@k, pass@k, greedy and the diagnostics of the k samples of `problems`."""

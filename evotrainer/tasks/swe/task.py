@@ -74,6 +74,10 @@ SYSTEM = ("Fix the bug. Each turn: one call as a ```tool block holding "
           '{"tool": NAME, "args": {...}}. Tools: list_dir(path), read_file(path, start, '
           "end), grep(pattern, path), search_replace(path, search, replace), "
           "run_tests(tests), submit().")
+# The same with one example call, for a pretrained model new to the syntax.
+SYSTEM_EXAMPLE = (SYSTEM + " Example turn:\n```tool\n"
+                  '{"tool": "read_file", "args": {"path": "pkg/module.py", "start": 1, '
+                  '"end": 40}}\n```')
 PLAIN = chat_lib.ChatFormat(SYSTEM)
 PART_KEYS = ("correct", "partial", "tamper", "tool_validity", "tested_before_submit",
              "format", "submitted")
@@ -314,6 +318,9 @@ class SweDomain:
       leak, which `validators.HistoryLeak` must catch.
     workers: sandbox cells running suites (None: up to 2).
     suite: a `SuiteRunner` to use (tests share one; None: the task makes its own).
+    system: the system text that opens every episode: how to call the tools (`SYSTEM`;
+      `SYSTEM_EXAMPLE` adds one example call, for a pretrained model that has not seen
+      the syntax: bench/swe_real.py measures first-turn validity under each).
   """
 
   multi_turn = True
@@ -330,7 +337,9 @@ class SweDomain:
                max_output_chars: int = 600, budget: Optional[Budget] = None,
                checkout_options: Optional[Mapping] = None, oracle_context: int = 2,
                demonstrations: str = "oracle", workers: Optional[int] = None,
-               suite: Optional[runner_lib.SuiteRunner] = None):
+               suite: Optional[runner_lib.SuiteRunner] = None, system: str = SYSTEM):
+    if not isinstance(system, str) or not system.strip():
+      raise ValueError(f"SweDomain.system={system!r}: expected the system text")
     bad = [d for d in difficulties if d not in DIFFICULTY_LEVEL]
     if bad or not difficulties:
       raise ValueError(f"SweDomain.difficulties={list(difficulties)}: expected a non-empty "
@@ -360,7 +369,8 @@ class SweDomain:
                        "(gin/swe_leaky.gin)")
     self.budget = budget or Budget()
     self.max_turns = self.budget.max_turns  # checked against TurnBudget.max_turns
-    self.chat = PLAIN
+    self.system = system
+    self.chat = PLAIN if system == SYSTEM else chat_lib.ChatFormat(system)
     self.checkout_options = dict(checkout_options or {})
     self.difficulties = tuple(difficulties)
     self._own_suite = suite is None
@@ -413,7 +423,7 @@ class SweDomain:
     """Renders episodes in `tokenizer`'s own chat template when it is a Hugging Face
     tokenizer (`chat.for_tokenizer`); the plain layout otherwise. The oracle solutions
     are re-rendered in that layout."""
-    self.chat = chat_lib.for_tokenizer(SYSTEM, tokenizer)
+    self.chat = chat_lib.for_tokenizer(self.system, tokenizer)
     self.splits = {s: [dataclasses.replace(p, solution="".join(
         t for t, _ in self._segments(p.id))) for p in ps] for s, ps in self.splits.items()}
 

@@ -273,6 +273,27 @@ def test_bad_levels_are_refused():
       task_lib.SweDomain(levels=levels, suite=object())
 
 
+def test_the_system_text_opens_every_prompt(domain, toy_tree, suite, paths):
+  """`SweDomain.system`: the prompt opens with the given text (the plain layout and the
+  oracle's replay unchanged); empty text is refused."""
+  example = task_lib.SweDomain(
+      sources=["toylib"], manifest=paths[0], trees={"toylib": str(toy_tree)},
+      max_tasks=8, max_candidates=16, kinds=["operator_swap", "constant_change"],
+      difficulties=["easy", "medium"], fractions=(0.5, 0.25, 0.25), cache_dir=paths[1],
+      suite=suite, system=task_lib.SYSTEM_EXAMPLE)
+  try:
+    p = example.heldout_problems(1, "test")[0]
+    assert example.format_prompt(p).startswith("System: " + task_lib.SYSTEM_EXAMPLE)
+    assert domain.format_prompt(p).startswith("System: " + task_lib.SYSTEM + "\n")
+    assert example.format_prompt(p).endswith(domain.format_prompt(p).split("\n", 1)[1])
+    assert example.score_many([p], [p.solution])[0]["correct"] == 1.0
+  finally:
+    example.close()
+  for bad in ("", "  ", None):
+    with pytest.raises(ValueError, match="SweDomain.system"):
+      task_lib.SweDomain(system=bad, suite=object())
+
+
 def test_a_cache_written_before_levels_reads_as_level_2(domain, toy_tree, paths, tmp_path):
   """Synthesis cache rows without `level` (as written before levels existed) give the
   same task set, every task at level 2."""

