@@ -22,7 +22,9 @@ The turn loop, until every episode stopped:
      host thread under `tool_time_limit_s`, on process 0 only (observations and stops
      are broadcast to the other processes);
   4. unless the episode stopped, `task.format_observation(observation)` is encoded (no
-     BOS) and appended with loss mask 0 and log-prob 0.
+     BOS) and appended with loss mask 0 and log-prob 0; after a turn cut at
+     `max_tokens_per_turn` (no stop id sampled), the task's `end_of_turn` text (its chat
+     template's end of a turn; absent: "") goes first, so the context stays well formed.
 At the end `task.finish_episodes` grades every episode (process 0; scores broadcast).
 
 Overlap (`overlap_waves` W >= 2): the rows are split into W waves of one fixed row count
@@ -368,7 +370,11 @@ class MultiTurnEngine:
       stop = "max_tokens"
     if stop is None:
       text = self.task.format_observation(observation)
-      ids = self.tok.encode(text, add_bos=False)
+      # A turn cut at its budget is closed as its stop id would have (ids only: the text
+      # keeps turns without their stop ids).
+      cut = bool(tr.ids) and tr.ids[-1] not in self.tok.stop_ids
+      closing = getattr(self.task, "end_of_turn", "") if cut else ""
+      ids = self.tok.encode(closing + text, add_bos=False)
       if prompt_len + len(tr.ids) + len(ids) > self.context_limit - budget.max_tokens_per_turn:
         stop = "max_context"
       else:

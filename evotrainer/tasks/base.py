@@ -126,6 +126,8 @@ class MultiTurnTask(Task, Protocol):
   multi_turn: bool  # True
   # A task may also carry `max_turns`, its environment's own turn budget (absent or None:
   # none); the engine refuses to run when it differs from `TurnBudget.max_turns`.
+  # And `end_of_turn`: the text that closes a model turn cut at the engine's token budget
+  # (no stop id sampled) before its observation; absent: "".
 
   def start_episode(self, problem: Problem) -> TurnEnv:
     """A fresh environment for one episode of `problem`."""

@@ -15,6 +15,9 @@ tokenizer's own chat template (a Hugging Face checkpoint's `chat_template`): the
 model turn and the next one is read off the template once, by rendering an episode whose
 turn and observation are sentinels (`derive_pieces`). The model turn's end-of-turn token
 is sampled (the engine keeps the sampled stop id), so the observation text starts after it.
+A turn cut at the engine's token budget has no stop id: `ChatFormat.end_of_turn` (the
+template's end-of-turn text, "" in the plain layout) is what the engine writes before
+its observation, so the context stays well formed.
 For a SentencePiece tokenizer the derived pieces equal the plain layout's (tested).
 """
 
@@ -50,6 +53,17 @@ def user_turn(chat: Optional[HFTokenizer], text: str) -> str:
 def derive_pieces(tokenizer) -> tuple[str, str, str]:
   """(turn_prefix, before, after) of `tokenizer`'s chat template: a model turn is
   `turn_prefix + words`, an observation `before + text + after` (see the module docstring).
+  `before` starts after the end-of-turn text (`end_of_turn`).
+
+  Raises:
+    ValueError: see `_rendered_pieces`.
+  """
+  prefix, before, after = _rendered_pieces(tokenizer)
+  return prefix, before[len(end_of_turn(tokenizer, before)):], after
+
+
+def _rendered_pieces(tokenizer) -> tuple[str, str, str]:
+  """`derive_pieces` with `before` as the template renders it (end of turn included).
 
   Raises:
     ValueError: the template does not render a tool message, or an episode's rendering
@@ -71,13 +85,17 @@ def derive_pieces(tokenizer) -> tuple[str, str, str]:
         f"the chat template of {name} does not render an episode as its prompt followed "
         f"by the turns (prompt {prompt!r}, episode {full!r}); a multi-turn episode needs "
         f"a template that extends the prompt")
-  before, after = full[i + len(_TURN):j], full[j + len(_OBSERVATION):]
-  for stop in tokenizer.stop_ids:  # the sampled stop id already ends the turn
+  return full[len(prompt):i], full[i + len(_TURN):j], full[j + len(_OBSERVATION):]
+
+
+def end_of_turn(tokenizer, before: str) -> str:
+  """The text of the stop id that opens `before` (the template's end of a model turn,
+  which the sampled stop id already writes), or "" when none does."""
+  for stop in tokenizer.stop_ids:
     text = tokenizer.decode([stop])
     if text and before.startswith(text):
-      before = before[len(text):]
-      break
-  return full[len(prompt):i], before, after
+      return text
+  return ""
 
 
 class ChatFormat:
@@ -87,17 +105,23 @@ class ChatFormat:
     system: the system message.
     pieces: (turn_prefix, before, after); None: the plain layout.
     tokenizer: renders the prompt with its chat template (None: the plain layout).
+    end_of_turn: the text that closes a model turn cut without its stop id (the
+      template's end-of-turn token; "" in the plain layout, whose turns need none).
   """
 
-  def __init__(self, system: str, pieces: tuple = PLAIN, tokenizer=None):
+  def __init__(self, system: str, pieces: tuple = PLAIN, tokenizer=None,
+               end_of_turn: str = ""):
     self.system = system
     self.turn_prefix, self.before, self.after = pieces
+    self.end_of_turn = end_of_turn
     self._tok = tokenizer
     self._block = re.compile(re.escape(self.before) + ".*?" + re.escape(self.after), re.S)
 
   @classmethod
   def from_tokenizer(cls, system: str, tokenizer) -> "ChatFormat":
-    return cls(system, derive_pieces(tokenizer), tokenizer)
+    prefix, before, after = _rendered_pieces(tokenizer)
+    closing = end_of_turn(tokenizer, before)
+    return cls(system, (prefix, before[len(closing):], after), tokenizer, closing)
 
   @property
   def plain(self) -> bool:

@@ -96,6 +96,33 @@ def test_token_in_token_out(model, sampler):
     assert ep.info["env_stop"] in (None, "submitted")  # EchoEnv.info() reached Episode.info
 
 
+class _ClosingTask(EchoTask):
+  end_of_turn = "."  # the template's end of a turn, for turns cut without their stop id
+
+
+def test_a_cut_turn_is_closed_before_its_observation(model, sampler):
+  """A turn that hits `max_tokens_per_turn` without the stop id gets the task's
+  `end_of_turn` ids (mask 0) before its observation; a turn that sampled the stop id
+  gets none; the text keeps neither."""
+  task = _ClosingTask()
+  rollout = MultiTurnEngine(task, TOK, sampler, budget=TurnBudget(
+      max_turns=3, max_context=64, max_tokens_per_turn=4))
+  gen = rollout(nnx.state(model), task.train_problems(4, seed=0), 2, jax.random.key(3), SP)
+  seen = set()
+  for i in range(len(gen.problems)):
+    text = ""
+    for k, (ids, obs) in enumerate(_split_turns(gen, i)):
+      turn_text = TOK.decode([t for t in ids if t != TOK.eos_id])
+      observation = f"<{EchoEnv.observe(turn_text)}>\n" if obs else ""
+      if obs:
+        cut = ids[-1] != TOK.eos_id
+        assert obs == TOK.encode(("." if cut else "") + observation)
+        seen.add(cut)
+      text += turn_text + observation
+    assert gen.texts[i] == text
+  assert seen == {True, False}  # both kinds of turn were checked
+
+
 @pytest.mark.parametrize("kv_continuation", [True, False])
 @pytest.mark.slow
 def test_sampler_logprobs_match_a_teacher_forced_forward(model, sampler, kv_continuation):

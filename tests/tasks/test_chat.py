@@ -29,6 +29,7 @@ def test_the_plain_layout_is_the_sentencepiece_template(tmp_path):
   assert plain.observation("3 passed") == "\nTool: 3 passed\nAssistant:"
   assert isinstance(chat.for_tokenizer(SYSTEM, sp), chat.ChatFormat)
   assert chat.for_tokenizer(SYSTEM, sp).plain
+  assert derived.end_of_turn == plain.end_of_turn == ""  # plain turns need no closing
 
 
 def test_a_hugging_face_template_rebuilds_the_episode_it_renders(hf_tok):
@@ -36,6 +37,7 @@ def test_a_hugging_face_template_rebuilds_the_episode_it_renders(hf_tok):
   assert not fmt.plain
   assert fmt.turn_prefix == "" and fmt.before == "\n<|im_start|>tool\n"
   assert fmt.after == "<|im_end|>\n<|im_start|>assistant\n"
+  assert fmt.end_of_turn == "<|im_end|>"  # closes a turn cut without its stop id
   # The engine's text of an episode: prompt, turn, its sampled end-of-turn token,
   # observation, turn, end-of-turn; the template renders the same messages identically.
   eot = "<|im_end|>"

@@ -448,6 +448,11 @@ class SweDomain:
   def format_prompt(self, problem: Problem) -> str:
     return self.chat.prompt(problem.prompt)
 
+  @property
+  def end_of_turn(self) -> str:
+    """What closes a model turn cut at the token budget (`chat.ChatFormat.end_of_turn`)."""
+    return self.chat.end_of_turn
+
   def format_observation(self, observation: str) -> str:
     return self.chat.observation(observation)
 
