@@ -34,8 +34,9 @@ RECIPE_GROUPS = ("hyper",)  # knob groups the recipe-search baseline may turn
 SUBTRACTIONS = ("remove",)  # intervention kinds that take something away
 
 # Per-finding catalog: which bindings address a bottleneck, as (substring of the knob's
-# binding, allowed intervention kinds or None for any, what we expect and why). Used when
-# no skill matches; the substrings keep it independent of a particular gin file.
+# binding, or of its name when it holds a bracket: "RewardComposer.parts['format']" is
+# that one entry; allowed intervention kinds or None for any; what we expect and why).
+# Used when no skill matches; the substrings keep it independent of a particular gin file.
 CATALOG: dict = {
     "dead_group_ratio": [
         ("RewardComposer.parts", ("add",), "DGR falls: a continuous part separates rows "
@@ -66,16 +67,19 @@ CATALOG: dict = {
     "format_failure": [("RewardComposer.parts", ("add",), "fewer unparseable answers "
                         "under a format reward")],
     # The code domain's checks of what a chat model writes (tasks/code/diagnostics.py).
-    "prose_rate": [("RewardComposer.parts", ("add",), "fewer prose answers once a part "
-                    "pays for a code block (format)")],
-    "broken_fence": [("RewardComposer.parts", ("add",), "more closed fences once the "
-                      "format part (a complete block) pays"),
+    # Each names the part that addresses the finding, not any reward part.
+    "prose_rate": [("RewardComposer.parts['format']", ("add",), "fewer prose answers once "
+                    "a part pays for a code block (format)")],
+    "broken_fence": [("RewardComposer.parts['format']", ("add",), "more closed fences "
+                      "once the format part (a complete block) pays"),
                      ("max_new_tokens", None, "fewer fences cut open at the token limit")],
-    "syntax_error_rate": [("RewardComposer.parts", ("add",), "fewer syntax errors once "
-                           "compiling pays (compiles)"),
+    "syntax_error_rate": [("RewardComposer.parts['compiles']", ("add",), "fewer syntax "
+                           "errors once compiling pays (compiles)"),
                           ("temperature", None, "fewer syntax errors at another sampling "
                            "temperature")],
-    "wrong_name_rate": [("temperature", None, "fewer programs stray from the asked name "
+    "wrong_name_rate": [("RewardComposer.parts['defines']", ("add",), "fewer programs "
+                         "stray from the asked name once defining it pays (defines)"),
+                        ("temperature", None, "fewer programs stray from the asked name "
                          "at another sampling temperature")],
     "runaway_length": [("max_new_tokens", None, "fewer completions cut at the limit"),
                        ("trajectory_filters", ("add",), "truncated rows stop training")],
@@ -162,7 +166,7 @@ def skill_hypotheses(findings: Sequence, values: Mapping, space: SearchSpace,
     message = f.get("message") if isinstance(f, Mapping) else getattr(f, "message", "")
     for sub, kinds, expect in CATALOG.get(kind, ()):
       for knob in space.knobs:
-        if sub.lower() not in knob.binding.lower():
+        if sub.lower() not in (knob.name if "[" in sub else knob.binding).lower():
           continue
         try:
           cands = knob.candidates(values)

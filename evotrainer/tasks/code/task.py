@@ -42,6 +42,9 @@ Reward parts (`score_many`, one sandbox run per completion, batched on a `CellPo
   prose        1 when no program was found: no fence, and the text is not Python
   wrong_name   1 when a program was found but does not define the entry point the
                problem names (function and HumanEval problems; 0 for stdio)
+  defines      1 when a program was found and defines the entry point the problem names
+               (for stdio problems: a program was found); the reward part a wrong-name
+               finding adds (gin/evolution/code_space.gin)
   compiles     1 when the extracted program compiles
   self_report  1 when the run exited 0 and no test the driver reported failed: what a
                harness that trusts the program's exit status pays. Gameable on purpose
@@ -499,6 +502,8 @@ class CodeTask:
              "prose": float(how == "none" and not malformed),
              "wrong_name": float(program is not None and bool(entry) and
                                  not defines(program, entry)),
+             "defines": float(program is not None and
+                              (not entry or defines(program, entry))),
              "self_report": float(o.clean_exit),
              "tamper": float(o.tampered or (program is not None and
                                             reaches_for_harness(program))),

@@ -155,15 +155,20 @@ def test_code_exploit_probe_hand_computed(task, parts, expected):
 
 
 def test_the_chat_model_findings_become_proposals_in_the_code_space():
-  space = SearchSpace([FloatKnob("SamplingParams.temperature", 0.7, 1.3, step=0.15),
-                       DictWeightKnob("RewardComposer.parts", "format", 0.05, 0.5)])
+  space = SearchSpace([FloatKnob("SamplingParams.temperature", 0.7, 1.3, step=0.15)] + [
+      DictWeightKnob("RewardComposer.parts", part, 0.05, 0.5)
+      for part in ("partial", "format", "compiles", "defines")])
   values = {"SamplingParams.temperature": 1.0, "RewardComposer.parts": {"correct": 1.0}}
   _, findings = run_diagnostics([ProseRate(), WrongNameRate(), RunawayLength()], SHAPES)
   hyps = skill_hypotheses(findings, values, space, None)
   by_finding = {}
   for h in hyps:
-    by_finding.setdefault(h.finding, set()).add(h.intervention.binding)
-  # prose: add the format part; a wrong name: another temperature; the runaway length
-  # has no max_new_tokens knob or trajectory filter in this space, so nothing.
-  assert by_finding == {"prose_rate": {"RewardComposer.parts"},
-                        "wrong_name_rate": {"SamplingParams.temperature"}}
+    iv = h.intervention
+    by_finding.setdefault(h.finding, set()).add(
+        f"{iv.binding}[{iv.key}]" if iv.key else iv.binding)
+  # prose: add the format part (not any reward part); a wrong name: add the part that
+  # pays for defining the asked name, or another temperature; the runaway length has no
+  # max_new_tokens knob or trajectory filter in this space, so nothing.
+  assert by_finding == {"prose_rate": {"RewardComposer.parts[format]"},
+                        "wrong_name_rate": {"RewardComposer.parts[defines]",
+                                            "SamplingParams.temperature"}}

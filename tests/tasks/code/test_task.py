@@ -130,13 +130,15 @@ def test_the_shape_parts_of_what_a_chat_model_writes(task):
       fence("def add_seven(x):\n    return x + 7\n"),  # the wrong name
       fence("def add(x)\n    return x + 7\n"),  # wrong name, does not parse
       "```js\nconst f = x => x + 7\n```"]  # a fence, but not Python
-  keys = ("correct", "format", "unclosed_fence", "bare_code", "prose", "wrong_name")
+  keys = ("correct", "format", "unclosed_fence", "bare_code", "prose", "wrong_name",
+          "defines")
   got = [tuple(s[k] for k in keys) for s in task.score_many([ADD7] * 7, completions)]
-  assert got == [(1, 1, 0, 0, 0, 0), (1, 0, 1, 0, 0, 0), (1, 0, 0, 1, 0, 0),
-                 (0, 0, 0, 0, 1, 0), (0, 1, 0, 0, 0, 1), (0, 1, 0, 0, 0, 1),
-                 (0, 0, 0, 0, 0, 0)]
+  assert got == [(1, 1, 0, 0, 0, 0, 1), (1, 0, 1, 0, 0, 0, 1), (1, 0, 0, 1, 0, 0, 1),
+                 (0, 0, 0, 0, 1, 0, 0), (0, 1, 0, 0, 0, 1, 0), (0, 1, 0, 0, 0, 1, 0),
+                 (0, 0, 0, 0, 0, 0, 0)]
   (stdio,) = task.score_many([ECHO], [fence("print(1)\n")])
   assert stdio["wrong_name"] == 0.0  # no entry point to name
+  assert stdio["defines"] == 1.0  # a program, and no name it could miss
 
 
 @pytest.fixture(scope="module")
