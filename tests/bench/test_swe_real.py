@@ -1,0 +1,55 @@
+"""bench/swe_real.py's episode statistics and summary, against hand-computed figures."""
+
+import argparse
+
+from bench import swe_real
+from evotrainer.types import Episode
+
+
+def _ep(i, calls, stop, turns, correct=0.0):
+  return Episode(episode_id=f"v0/0/{i}", group_id=0, task_id="t", prompt="", completion="",
+                 answer="resolved", reward_parts={"correct": correct},
+                 info={"tool_calls": calls, "stop": stop, "turns": turns})
+
+
+EPISODES = [
+    # first turn parses and runs; edits at turn 2; submits
+    _ep(0, [{"name": "read_file", "turn": 0, "ok": True},
+            {"name": "search_replace", "turn": 2, "ok": True},
+            {"name": "submit", "turn": 3, "ok": True}], "submitted", 4, 1.0),
+    # first turn parses but fails (a missing path); a failed edit does not count
+    _ep(1, [{"name": "read_file", "turn": 0, "ok": False},
+            {"name": "search_replace", "turn": 1, "ok": False}], "tool_error", 3),
+    # no call parses at all
+    _ep(2, [], "tool_error", 3),
+    # the first call is at turn 1; edits at turn 1
+    _ep(3, [{"name": "search_replace", "turn": 1, "ok": True}], "max_turns", 6),
+]
+
+
+def test_episode_stats_by_hand():
+  got = swe_real.episode_stats(EPISODES)
+  assert got["first_turn"] == {"parsed": 0.5, "ran": 0.25}
+  assert got["stops"] == {"max_turns": 0.25, "submitted": 0.25, "tool_error": 0.5}
+  assert got["tools"] == {"read_file": 2, "search_replace": 3, "submit": 1}
+  assert got["first_edit_turn"] == 1.5 and got["edited_share"] == 0.5  # turns 2 and 1
+  assert got["mean_turns"] == 4.0  # (4 + 3 + 3 + 6) / 4
+
+
+def test_summary_keeps_systems_apart():
+  args = argparse.Namespace(levels=[0, 2], k=2, tasks=None, system="default")
+  level = lambda r, p: {"resolve": r, "episodes": 2, "first_turn": {"parsed": p}}
+  runs = {"default/seed0": {"settings": swe_real.settings(args), "result": {"per_level": {
+              "0": level(0.5, 1.0), "2": level(0.0, 0.5)}}},
+          "default/seed1": {"settings": swe_real.settings(args), "result": {"per_level": {
+              "0": level(0.0, 0.0), "2": level(0.0, 0.5)}}}}
+  other = argparse.Namespace(**{**vars(args), "system": "example"})
+  runs["example/seed0"] = {"settings": swe_real.settings(other), "result": {"per_level": {
+      "0": level(1.0, 1.0), "2": level(1.0, 1.0)}}}
+  mine = {k: r for k, r in runs.items() if k.startswith("default")}
+  assert swe_real.summary(mine)["resolve"] == {
+      "0": {"base": 0.25, "episodes": 4, "seeds": 2, "first_turn_parsed": 0.5},
+      "2": {"base": 0.0, "episodes": 4, "seeds": 2, "first_turn_parsed": 0.5}}
+  by = swe_real.by_system(runs, args)
+  assert set(by) == {"default", "example"}
+  assert by["example"]["0"]["base"] == 1.0 and by["default"]["0"]["base"] == 0.25
