@@ -81,7 +81,7 @@ def episode_stats(episodes) -> dict:
           "mean_turns": round(float(np.mean([i.get("turns", 0) for i in infos])), 2)}
 
 
-def measure(task, rollout, params, problems, k: int, seed: int) -> dict:
+def measure(rollout, params, problems, k: int, seed: int) -> dict:
   """Resolve figures per level and the episodes' statistics, over `problems`."""
   cfg = EvalConfig(num_problems=len(problems), k=k, temperature=1.0,
                    batch_rows=min(16, k * len(problems)), seed=seed)
@@ -160,7 +160,7 @@ def main() -> None:
       if runs.get(key, {}).get("settings") == settings(args):
         print(f"[swe_real] {key}: stored, skipped", flush=True)
         continue
-      result = measure(task, rollout, params, problems, args.k, seed)
+      result = measure(rollout, params, problems, args.k, seed)
       runs[key] = {"settings": settings(args), "result": result, "uptime": uptime()}
       print(f"[swe_real] {key}: " + json.dumps(
           {m: v for m, v in result.items() if m != "examples"}), flush=True)

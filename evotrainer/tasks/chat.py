@@ -50,20 +50,11 @@ def user_turn(chat: Optional[HFTokenizer], text: str) -> str:
                                   add_generation_prompt=True)
 
 
-def derive_pieces(tokenizer) -> tuple[str, str, str]:
-  """(turn_prefix, before, after) of `tokenizer`'s chat template: a model turn is
-  `turn_prefix + words`, an observation `before + text + after` (see the module docstring).
-  `before` starts after the end-of-turn text (`end_of_turn`).
-
-  Raises:
-    ValueError: see `_rendered_pieces`.
-  """
-  prefix, before, after = _rendered_pieces(tokenizer)
-  return prefix, before[len(end_of_turn(tokenizer, before)):], after
-
-
-def _rendered_pieces(tokenizer) -> tuple[str, str, str]:
-  """`derive_pieces` with `before` as the template renders it (end of turn included).
+def derive_pieces(tokenizer) -> tuple[str, str, str, str]:
+  """(turn_prefix, before, after, end_of_turn) of `tokenizer`'s chat template: a model
+  turn is `turn_prefix + words`, an observation `before + text + after` (see the module
+  docstring); `end_of_turn` is the text of the stop id the template writes after a turn
+  ("" when none does), which `before` starts after: the sampled stop id writes it.
 
   Raises:
     ValueError: the template does not render a tool message, or an episode's rendering
@@ -85,17 +76,10 @@ def _rendered_pieces(tokenizer) -> tuple[str, str, str]:
         f"the chat template of {name} does not render an episode as its prompt followed "
         f"by the turns (prompt {prompt!r}, episode {full!r}); a multi-turn episode needs "
         f"a template that extends the prompt")
-  return full[len(prompt):i], full[i + len(_TURN):j], full[j + len(_OBSERVATION):]
-
-
-def end_of_turn(tokenizer, before: str) -> str:
-  """The text of the stop id that opens `before` (the template's end of a model turn,
-  which the sampled stop id already writes), or "" when none does."""
-  for stop in tokenizer.stop_ids:
-    text = tokenizer.decode([stop])
-    if text and before.startswith(text):
-      return text
-  return ""
+  before, after = full[i + len(_TURN):j], full[j + len(_OBSERVATION):]
+  stops = (tokenizer.decode([s]) for s in tokenizer.stop_ids)
+  closing = next((t for t in stops if t and before.startswith(t)), "")
+  return full[len(prompt):i], before[len(closing):], after, closing
 
 
 class ChatFormat:
@@ -119,9 +103,8 @@ class ChatFormat:
 
   @classmethod
   def from_tokenizer(cls, system: str, tokenizer) -> "ChatFormat":
-    prefix, before, after = _rendered_pieces(tokenizer)
-    closing = end_of_turn(tokenizer, before)
-    return cls(system, (prefix, before[len(closing):], after), tokenizer, closing)
+    *pieces, closing = derive_pieces(tokenizer)
+    return cls(system, tuple(pieces), tokenizer, closing)
 
   @property
   def plain(self) -> bool:

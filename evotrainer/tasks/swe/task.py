@@ -370,7 +370,7 @@ class SweDomain:
     self.budget = budget or Budget()
     self.max_turns = self.budget.max_turns  # checked against TurnBudget.max_turns
     self.system = system
-    self.chat = PLAIN if system == SYSTEM else chat_lib.ChatFormat(system)
+    self.chat = chat_lib.ChatFormat(system)
     self.checkout_options = dict(checkout_options or {})
     self.difficulties = tuple(difficulties)
     self._own_suite = suite is None
