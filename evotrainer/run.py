@@ -2,7 +2,7 @@
 mode lives in evotrainer/modes/, and `run` builds what they share and dispatches.
 
 Modes:
-  train    build the policy, warm-start a from-scratch model on solved examples
+  train    build the policy, warm-start it on solved examples (`run.warm_start`;
            (cached), then GRPO with the fixed default harness (evotrainer/train.py);
            writes summary.json with held-out figures before and after RL.
   branch   one branch of the evolution: start from `branch.parent` (a model saved by a
@@ -55,8 +55,11 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
     task: the domain (e.g. `@MathTask()`).
     num_problems, samples_per_problem: what `sample` mode shows.
     tokenizer_texts: training problems whose text trains a from-scratch tokenizer.
-    warm_start: supervised warm start of a from-scratch model (`warm_start.*` knobs);
-      ignored for a Hugging Face checkpoint.
+    warm_start: supervised warm start of the policy on solved training problems
+      (`warm_start.*` knobs). The pretrained model files (gin/model/hf.gin,
+      gin/model/smollm2-135m.gin) turn it off; a pretrained policy that must first
+      learn a syntax (gin/swe_smol_warm.gin) turns it back on, usually with
+      `warm_start.top_layers`.
     sampling: a `SamplingParams` (gin: `run.sampling = @SamplingParams()`).
     command_line: what the launch's command line said (launch.py); `evolve` and
       `sweep` replay it for every branch. Not a gin knob.
@@ -118,7 +121,7 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   summary = {"mode": mode, "seed": seed,
              "model": {"architecture": c.architecture, "params": c.num_params(),
                        "source": "scratch" if scratch else "hf"}}
-  if scratch and warm_start and not (mode == "branch" and branch()["parent"]):
+  if warm_start and not (mode == "branch" and branch()["parent"]):
     from evotrainer.learner.warmstart import warm_start as warm_start_fn
     t0 = time.time()
     model = warm_start_fn(model, tok, task, seed=seed, mesh=mesh)

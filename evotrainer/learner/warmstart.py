@@ -50,6 +50,7 @@ from evotrainer import checkpoint
 from evotrainer.console import progress_bar
 from evotrainer.learner import losses
 from evotrainer.learner.step import completion_logprobs
+from evotrainer.learner.trainable import TrainableSet, merge
 from evotrainer.model.transformer import Transformer
 from evotrainer.sharding.mesh import opt_state_shardings, shard_batch, state_shardings
 from evotrainer.sharding.multihost import all_true, broadcast_json, is_primary, to_host
@@ -268,14 +269,19 @@ def _train(model: Transformer, data: TrainBatch, *, steps: int, batch_size: int,
            learning_rate: float, seed: int, vocab_limit: Optional[int],
            mesh: Optional[Mesh], rules: Rules, check_every: int = 0,
            stop: Optional[Callable[[nnx.State], bool]] = None,
-           buckets: Optional[list[tuple[int, np.ndarray]]] = None) -> list[float]:
+           buckets: Optional[list[tuple[int, np.ndarray]]] = None,
+           trainable: Optional[TrainableSet] = None) -> list[float]:
   """Trains `model` in place for up to `steps` steps of `batch_size` rows.
 
-  Every `check_every` steps `stop(params)` may end training early. With `buckets`
-  (`length_buckets` of a packed `data`) each batch comes from one bucket, cut to its
-  width; else batches are drawn from all rows, padded to the longest. Returns the losses.
+  Every `check_every` steps `stop(params)` may end training early (`params`: the whole
+  tree). With `buckets` (`length_buckets` of a packed `data`) each batch comes from one
+  bucket, cut to its width; else batches are drawn from all rows, padded to the longest.
+  With `trainable`, only its subset gets gradients and optimizer state; the rest is
+  frozen. Returns the losses.
   """
-  graphdef, params = nnx.split(model, nnx.Param)
+  graphdef, whole = nnx.split(model, nnx.Param)
+  trainable = trainable or TrainableSet(model.config.num_layers)
+  params, frozen = trainable.split(whole)
   tx = _optimizer(steps, learning_rate)
   if mesh is not None:
     param_shardings = state_shardings(params, mesh, rules)
@@ -285,11 +291,11 @@ def _train(model: Transformer, data: TrainBatch, *, steps: int, batch_size: int,
   else:
     init = jax.jit(tx.init)
 
-  def step(params, opt_state, batch: TrainBatch):
+  def step(params, frozen, opt_state, batch: TrainBatch):
     with use_rules(rules) if mesh is not None else contextlib.nullcontext():
 
       def loss_fn(p):
-        logp, _ = completion_logprobs(nnx.merge(graphdef, p), batch,
+        logp, _ = completion_logprobs(nnx.merge(graphdef, merge(p, frozen)), batch,
                                       vocab_limit=vocab_limit)
         return supervised_loss(logp, batch.loss_mask.astype(bool))
 
@@ -297,7 +303,7 @@ def _train(model: Transformer, data: TrainBatch, *, steps: int, batch_size: int,
       updates, opt_state = tx.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), opt_state, loss
 
-  step = jax.jit(step, donate_argnums=(0, 1))
+  step = jax.jit(step, donate_argnums=(0, 2))
   rng = np.random.default_rng(seed)
   n = data.prompt_tokens.shape[0]
   order = rng.permutation(n)
@@ -309,7 +315,8 @@ def _train(model: Transformer, data: TrainBatch, *, steps: int, batch_size: int,
     bar = progress_bar(total=steps, desc="warm start", unit="step", leave=False, every=100)
     for i in range(steps):
       bar.update(1)
-      if stop is not None and check_every and i and i % check_every == 0 and stop(params):
+      if (stop is not None and check_every and i and i % check_every == 0
+          and stop(merge(params, frozen))):
         break
       if buckets is not None:
         if not schedule:  # next epoch, reshuffled
@@ -323,10 +330,10 @@ def _train(model: Transformer, data: TrainBatch, *, steps: int, batch_size: int,
         pos += batch_size
       batch = (shard_batch(batch, mesh, rules) if mesh is not None
                else jax.tree.map(jnp.asarray, batch))
-      params, opt_state, loss = step(params, opt_state, batch)
+      params, opt_state, loss = step(params, frozen, opt_state, batch)
       history.append(loss)
     bar.close()
-  nnx.update(model, params)
+  nnx.update(model, merge(params, frozen))
   return [float(x) for x in jax.device_get(history)]
 
 
@@ -375,7 +382,8 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
                target_accuracy: Optional[float] = None, check_every: int = 50,
                check_problems: int = 128, target_validity: Optional[float] = None,
                bucket_width: Optional[int] = None,
-               max_tokens: Optional[int] = None) -> Transformer:
+               max_tokens: Optional[int] = None,
+               top_layers: Optional[int] = None) -> Transformer:
   """Trains `model` on the task's solved training problems, or loads the cached result.
 
   Args:
@@ -414,6 +422,10 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
       and a row left with no trained token is dropped (logged). Attention's cost grows
       with the square of a row's length, so a few long episodes can cost most of the
       time; their late turns (e.g. `submit`) are learned from the short ones.
+    top_layers: None trains every parameter (a from-scratch model). K trains only the
+      top K blocks, the final norm and an untied LM head (`learner.trainable`), the
+      embeddings and lower blocks frozen: a pretrained policy taught a syntax at a
+      fraction of the cost, as `Learner.trainable_layers` does for RL.
 
   Returns:
     `model`, with warm-started parameters.
@@ -448,6 +460,12 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
               "check_every": check_every, "check_problems": check_problems}
   if target_validity is not None:
     settings["target_validity"] = target_validity
+  if top_layers is not None:
+    if type(top_layers) is not int or not 1 <= top_layers <= model.config.num_layers:
+      raise ValueError(f"warm_start.top_layers={top_layers!r}: expected None (every "
+                       f"parameter) or 1..{model.config.num_layers} (the model's blocks)")
+    settings["top_layers"] = top_layers
+  trainable = TrainableSet.for_config(model.config, top_layers)
   buckets = None
   if max_tokens is not None and bucket_width is None:
     raise ValueError("warm_start.max_tokens cuts packed rows: set warm_start.bucket_width "
@@ -507,7 +525,7 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
   history = _train(model, data, steps=steps, batch_size=batch_size,
                    learning_rate=learning_rate, seed=seed, vocab_limit=vocab_limit,
                    mesh=mesh, rules=rules, check_every=check_every, stop=stop,
-                   buckets=buckets)
+                   buckets=buckets, trainable=trainable)
   seconds = time.time() - start
   log.info("warm start: %d steps in %.1fs, loss %.3f -> %.3f; saved to %s", len(history),
            seconds, history[0], history[-1], path)

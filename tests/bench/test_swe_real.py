@@ -37,7 +37,8 @@ def test_episode_stats_by_hand():
 
 
 def test_summary_keeps_systems_apart():
-  args = argparse.Namespace(levels=[0, 2], k=2, tasks=None, system="default")
+  args = argparse.Namespace(levels=[0, 2], k=2, tasks=None, system="default",
+                            gin=swe_real.GIN)
   level = lambda r, p: {"resolve": r, "episodes": 2, "first_turn": {"parsed": p}}
   runs = {"default/seed0": {"settings": swe_real.settings(args), "result": {"per_level": {
               "0": level(0.5, 1.0), "2": level(0.0, 0.5)}}},
@@ -53,3 +54,24 @@ def test_summary_keeps_systems_apart():
   by = swe_real.by_system(runs, args)
   assert set(by) == {"default", "example"}
   assert by["example"]["0"]["base"] == 1.0 and by["default"]["0"]["base"] == 0.25
+
+
+def test_resolve_table_puts_warm_beside_base():
+  args = argparse.Namespace(levels=[0], k=2, tasks=None, system="default", gin=swe_real.GIN)
+  warm = argparse.Namespace(**{**vars(args), "gin": swe_real.WARM_GIN})
+  level = lambda r, p: {"0": {"resolve": r, "episodes": 2, "first_turn": {"parsed": p}}}
+  runs = {swe_real.run_key(args, 0): {"settings": swe_real.settings(args),
+                                      "result": {"per_level": level(0.0, 0.0)}},
+          swe_real.run_key(warm, 0): {"settings": swe_real.settings(warm),
+                                      "result": {"per_level": level(0.5, 1.0)}},
+          swe_real.run_key(warm, 1): {"settings": swe_real.settings(warm),
+                                      "result": {"per_level": level(0.0, 0.5)}}}
+  assert set(runs) == {"default/seed0", "swe_smol_warm/default/seed0",
+                       "swe_smol_warm/default/seed1"}
+  table = swe_real.resolve_table(runs, warm)  # the same whichever gin ran last
+  assert table == swe_real.resolve_table(runs, args)
+  assert table["resolve"] == {"0": {"base": 0.0, "episodes": 2, "seeds": 1,
+                                    "first_turn_parsed": 0.0, "warm": 0.25,
+                                    "warm_episodes": 4, "warm_first_turn_parsed": 0.75}}
+  assert table["warm_settings"]["gin"] == swe_real.WARM_GIN
+  assert table["base_settings"]["gin"] == swe_real.GIN

@@ -1,5 +1,6 @@
 """Supervised warm start: the loss, training, the cache, and accuracy vs steps (printed)."""
 
+import dataclasses
 import logging
 import time
 
@@ -188,6 +189,27 @@ def test_bucketed_warm_start_learns(tok, task, tmp_path, counted_train):
   assert len(losses) == 30 and np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5]), losses
   (entry,) = list(tmp_path.iterdir())
   assert checkpoint.read_model_metadata(entry)["settings"]["bucket_width"] == 4
+
+
+def test_top_layers_warm_start_trains_only_the_top_blocks(tok, task, tmp_path, counted_train):
+  # An untied head, so that the head is trained beside the top block.
+  config = dataclasses.replace(TINY, tie_embeddings=False)
+  model = Transformer(config, rngs=nnx.Rngs(0))
+  before = {path: np.asarray(v) for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  kw = dict(steps=20, batch_size=16, learning_rate=3e-3, seed=0, cache_dir=str(tmp_path))
+  warmstart.warm_start(model, tok, task, top_layers=1, **kw)
+  after = {path: np.asarray(v) for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  moved = {path for path in before if not np.array_equal(before[path], after[path])}
+  top = {p for p in before if p[0] == "layers" and p[1] == config.num_layers - 1}
+  head = {p for p in before if p[0] in ("final_norm", "lm_head")}
+  # Every parameter of the top block and the head moved; nothing else did.
+  assert top and head and moved == top | head, sorted(moved ^ (top | head))
+  losses = counted_train[-1]
+  assert np.mean(losses[-5:]) < np.mean(losses[:5]), losses
+  (entry,) = list(tmp_path.iterdir())
+  assert checkpoint.read_model_metadata(entry)["settings"]["top_layers"] == 1
+  with pytest.raises(ValueError, match="warm_start.top_layers=5"):
+    warmstart.warm_start(Transformer(config, rngs=nnx.Rngs(0)), tok, task, top_layers=5, **kw)
 
 
 @pytest.mark.slow

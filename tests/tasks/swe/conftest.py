@@ -109,10 +109,11 @@ def write_toy_manifest(path: pathlib.Path) -> str:
 
 
 def launch_on_toy(tmp_path: pathlib.Path, gin_file: str, *bindings: str,
-                  timeout: int = 900) -> subprocess.CompletedProcess:
+                  timeout: int = 900, tiny: bool = True) -> subprocess.CompletedProcess:
   """`python -m evotrainer.launch --gin_file=<gin_file> --gin_file=gin/tiny.gin` on the
   toy library (its tree and manifest written in `tmp_path`, caches there too; 8 tasks
-  split 4/2/2), workdir `tmp_path/run`; `bindings` are added last."""
+  split 4/2/2), workdir `tmp_path/run`; `bindings` are added last. `tiny=False` keeps
+  the gin file's own policy (no gin/tiny.gin)."""
   tree = write_toy(tmp_path / "toylib-0.1.0")
   manifest = write_toy_manifest(tmp_path / "manifest.json")
   toy = [
@@ -125,7 +126,7 @@ def launch_on_toy(tmp_path: pathlib.Path, gin_file: str, *bindings: str,
   repo = pathlib.Path(__file__).resolve().parents[3]
   return subprocess.run(
       [sys.executable, "-m", "evotrainer.launch", f"--gin_file={gin_file}",
-       "--gin_file=gin/tiny.gin", f"--workdir={tmp_path / 'run'}",
+       *(["--gin_file=gin/tiny.gin"] if tiny else []), f"--workdir={tmp_path / 'run'}",
        *[f"--gin_bindings={b}" for b in (*toy, *bindings)]],
       cwd=repo, env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
       capture_output=True, text=True, timeout=timeout)
