@@ -159,9 +159,48 @@ def lineage_steps(summary: Mapping) -> int:
   return total
 
 
+# The layer of a retained change, by the gin binding it sets (the paper's grouping: reward,
+# filter, data, optimisation, diagnostics); the first matching prefix wins.
+LAYERS = (("RewardComposer.", "reward"), ("Harness.", "filter"),
+          ("Learner.", "optimisation"), ("SamplingParams.", "optimisation"),
+          ("train.", "optimisation"), ("MathTask.", "data"), ("CodeTask.", "data"),
+          ("SweDomain.", "data"), ("evolve.diagnostics", "diagnostics"),
+          ("evolve.validators", "diagnostics"))
+
+
+def layer_of(binding: str) -> str:
+  return next((layer for prefix, layer in LAYERS if binding.startswith(prefix)), "other")
+
+
+def retained(wd: pathlib.Path, incumbent: str) -> list:
+  """The changes an evolution kept on its final lineage, root first, from its ledger:
+  [{'version', 'change', 'binding', 'layer'}] for each kept intervention (controls and
+  continuations change nothing and are left out), then one 'diagnostics' entry per harness
+  version the incumbent's harness descends through. [] when the run has no ledger."""
+  path = wd / "ledger.sqlite"
+  if not path.exists():
+    return []
+  from evotrainer.evolution.ledger.core import Ledger
+  with Ledger(path) as ledger:
+    lineage = list(reversed(ledger.lineage(incumbent)))
+    out = [{"version": v.id, "change": iv["description"], "binding": iv["binding"],
+            "layer": layer_of(iv["binding"])}
+           for v in lineage for iv in (d.intervention for d in ledger.decisions(version=v.id))
+           if isinstance(iv, Mapping) and iv.get("binding")]
+    harness, chain = lineage[-1].harness_version, []
+    while harness is not None:
+      h = ledger.harness_version(harness)
+      if h.parent is not None:
+        chain.append({"version": h.id, "change": h.reason, "binding": "harness",
+                      "layer": "diagnostics"})
+      harness = h.parent
+  return out + chain[::-1]
+
+
 def evolve_arm(summary: Mapping, wd: pathlib.Path) -> dict:
   """An evolution arm's figures: its incumbent's test and validation Avg@8, per-problem
-  test scores, the RL steps trained in all and on the kept lineage."""
+  test scores, the RL steps trained in all and on the kept lineage, and the changes
+  retained on that lineage (`retained`)."""
   versions = {v["id"]: v for v in summary["versions"]}
   inc = versions[summary["incumbent"]]
   test = json.loads((wd / "versions" / inc["id"] / "test_eval.json").read_text())
@@ -172,7 +211,7 @@ def evolve_arm(summary: Mapping, wd: pathlib.Path) -> dict:
           "rl_steps": sum(int(v.get("steps") or 0) for v in trained),
           "lineage_steps": lineage_steps(summary),
           "selection_gap": (summary.get("selection") or {}).get("selection_gap"),
-          "wall_s": summary["wall_s"]}
+          "retained": retained(wd, inc["id"]), "wall_s": summary["wall_s"]}
 
 
 def static_arm(summary: Mapping) -> dict:

@@ -35,7 +35,9 @@ JSON keys: `split` ('test'), `seeds`, `model`, `means` {arm: test Avg@8},
 `diff_vs_static` (evotrainer - static at equal total steps), `diff_vs_static_equal_lineage`
 (evotrainer - static_lineage), `diffs_vs_static` {arm: ...} and `diff_recipe_vs_static`
 (each {mean, lo, hi}), `selection_gap` (mean over seeds of the evotrainer incumbent's
-validation gain over its root minus its test gain), `best_static_filter_selection` (the
+validation gain over its root minus its test gain), `retained` {layer: [{seed, version,
+change}]} (what the evolution kept on its final lineage, by layer: reward, filter, data,
+optimisation, diagnostics; bench/evolve_arms.LAYERS), `best_static_filter_selection` (the
 candidates' validation scores, the choice and the selection runs' steps), `steps`,
 `wall_s_per_arm` {arm: {seed: seconds}}, `arms` (per seed), `config`, `packages` (the
 versions of jax, flax, optax, numpy, ... found by this process: runs on another install
@@ -190,7 +192,18 @@ def summarize(arms: dict, seeds: list) -> dict:
           "diffs_vs_static": {a: diff(a) for a in ARMS if a != "static"},
           "diff_recipe_vs_static": diff("recipe_search"),
           "selection_gap": statistics.mean(gaps) if gaps else None,
+          "retained": retained_by_layer(arms.get("evotrainer", {}), seeds),
           "wall_s_per_arm": {a: {str(s): arms[a][s]["wall_s"] for s in seeds} for a in arms}}
+
+
+def retained_by_layer(evolutions: dict, seeds: list) -> dict:
+  """{layer: [{'seed', 'version', 'change'}]}: what the evolution kept, over seeds."""
+  out: dict = {}
+  for s in seeds:
+    for r in evolutions[s].get("retained", []) if s in evolutions else []:
+      out.setdefault(r["layer"], []).append(
+          {"seed": s, "version": r["version"], "change": r["change"]})
+  return dict(sorted(out.items()))
 
 
 def main(argv=None) -> dict:

@@ -340,3 +340,43 @@ def test_a_subset_of_arms_leaves_the_others_null(tmp_path, monkeypatch):
   assert out["diffs_vs_static"]["recipe_search"]["mean"] is None
   assert out["best_static_filter_selection"] is None
   assert out["diff_vs_static_equal_lineage"]["mean"] is not None
+
+
+def test_retained_reads_the_kept_lineage_from_the_ledger(tmp_path):
+  """v0 -> v1.0 (reward part, kept) -> v2.c (control, kept) -> v3.0 (temperature, kept),
+  beside v2.0 (a filter, rejected); the harness went h0 -> h1. Retained: the reward part,
+  the temperature (root first), then h1; the rejected filter and the control are not."""
+  from bench.evolve_arms import layer_of, retained
+  from bench.evolve_vs_static import retained_by_layer
+  from evotrainer.evolution.ledger.core import Ledger
+
+  def change(binding, description):
+    return {"binding": binding, "description": description, "kind": "set"}
+
+  with Ledger(tmp_path / "ledger.sqlite") as ledger:
+    ledger.add_harness_version("h0", {}, {})
+    ledger.add_harness_version("h1", {"ProseRate": {}}, {}, parent="h0",
+                               reason="add ProseRate")
+    for vid, parent, harness in (("v0", None, "h0"), ("v1.0", "v0", "h0"),
+                                 ("v2.0", "v1.0", "h0"), ("v2.c", "v1.0", "h1"),
+                                 ("v3.0", "v2.c", "h1")):
+      ledger.add_version(vid, parent, harness_version=harness, status="kept")
+    ledger.reject("v2.0")
+    for did, parent, vid, iv in (
+        ("d1", "v0", "v1.0", change("RewardComposer.parts", "add 'defines' = 0.3")),
+        ("d2", "v1.0", "v2.0", change("Harness.group_filters", "add std")),
+        ("d3", "v1.0", "v2.c", {"description": "control"}),
+        ("d4", "v2.c", "v3.0", change("SamplingParams.temperature", "1.0 -> 0.85"))):
+      ledger.add_decision(did, parent, hypothesis="h", intervention=iv, criterion="c",
+                          version_id=vid)
+  got = retained(tmp_path, "v3.0")
+  assert [(r["version"], r["layer"]) for r in got] == [
+      ("v1.0", "reward"), ("v3.0", "optimisation"), ("h1", "diagnostics")]
+  assert got[0]["change"] == "add 'defines' = 0.3" and got[2]["change"] == "add ProseRate"
+  assert retained(tmp_path / "missing", "v0") == []
+  assert layer_of("Harness.trajectory_filters") == "filter"
+  assert layer_of("CodeTask.difficulty") == "data" and layer_of("foo.bar") == "other"
+  by = retained_by_layer({0: {"retained": got}, 1: {"retained": got[:1]}}, [0, 1])
+  assert list(by) == ["diagnostics", "optimisation", "reward"]
+  assert by["reward"] == [{"seed": 0, "version": "v1.0", "change": "add 'defines' = 0.3"},
+                          {"seed": 1, "version": "v1.0", "change": "add 'defines' = 0.3"}]
