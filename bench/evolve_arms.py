@@ -148,15 +148,36 @@ def _avg_key(figures: Mapping) -> str:
   return next(k for k in figures if k.startswith("avg"))  # avg8 unless k is set
 
 
-def lineage_steps(summary: Mapping) -> int:
-  """RL steps on the kept lineage of an evolution's summary.json: the incumbent's steps
-  and every ancestor's up to the root (each version's `steps` are its own segment's)."""
+def cumulative_steps(summary: Mapping, vid: str) -> int:
+  """RL steps from the root to the end of version `vid` along its parents."""
   versions = {v["id"]: v for v in summary["versions"]}
-  total, vid = 0, summary["incumbent"]
+  total = 0
   while vid is not None:
     total += int(versions[vid].get("steps") or 0)
     vid = versions[vid]["parent"]
   return total
+
+
+def test_curves(summary: Mapping) -> dict:
+  """An evolution's test Avg@8 against cumulative RL steps: {'lineage': [(steps, test)]
+  root to incumbent, 'others': [(steps, test)] of every version off it (rejected
+  branches, controls)}; versions without a test score are left out."""
+  versions = {v["id"]: v for v in summary["versions"]}
+  kept, vid = [], summary["incumbent"]
+  while vid is not None:
+    kept.append(vid)
+    vid = versions[vid]["parent"]
+  point = lambda v: (cumulative_steps(summary, v["id"]), v["test_avg8"])
+  return {"lineage": [point(versions[v]) for v in reversed(kept)
+                      if versions[v].get("test_avg8") is not None],
+          "others": sorted(point(v) for v in versions.values()
+                           if v["id"] not in kept and v.get("test_avg8") is not None)}
+
+
+def lineage_steps(summary: Mapping) -> int:
+  """RL steps on the kept lineage of an evolution's summary.json: the incumbent's steps
+  and every ancestor's up to the root (each version's `steps` are its own segment's)."""
+  return cumulative_steps(summary, summary["incumbent"])
 
 
 # The layer of a retained change, by the gin binding it sets (the paper's grouping: reward,
@@ -211,15 +232,19 @@ def evolve_arm(summary: Mapping, wd: pathlib.Path) -> dict:
           "rl_steps": sum(int(v.get("steps") or 0) for v in trained),
           "lineage_steps": lineage_steps(summary),
           "selection_gap": (summary.get("selection") or {}).get("selection_gap"),
-          "retained": retained(wd, inc["id"]), "wall_s": summary["wall_s"]}
+          "retained": retained(wd, inc["id"]), "curves": test_curves(summary),
+          "wall_s": summary["wall_s"]}
 
 
 def static_arm(summary: Mapping) -> dict:
   """A fixed-harness arm's figures after its last step (its lineage is all its steps)."""
   avg = _avg_key(summary["final"])
-  return {"test": summary["test"]["final"][avg], "validation": summary["final"][avg],
-          "per_problem": summary["test"]["per_problem"], "rl_steps": summary["steps"],
-          "lineage_steps": summary["steps"], "wall_s": summary["wall_s"]}
+  test = summary["test"]
+  return {"test": test["final"][avg], "validation": summary["final"][avg],
+          "per_problem": test["per_problem"], "rl_steps": summary["steps"],
+          "lineage_steps": summary["steps"], "wall_s": summary["wall_s"],
+          "curves": {"lineage": [(0, test["initial"][avg]),
+                                 (summary["steps"], test["final"][avg])], "others": []}}
 
 
 def base_arm(summary: Mapping) -> dict:

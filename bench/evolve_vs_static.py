@@ -37,11 +37,13 @@ JSON keys: `split` ('test'), `seeds`, `model`, `means` {arm: test Avg@8},
 (each {mean, lo, hi}), `selection_gap` (mean over seeds of the evotrainer incumbent's
 validation gain over its root minus its test gain), `retained` {layer: [{seed, version,
 change}]} (what the evolution kept on its final lineage, by layer: reward, filter, data,
-optimisation, diagnostics; bench/evolve_arms.LAYERS), `best_static_filter_selection` (the
+optimisation, diagnostics; bench/evolve_arms.LAYERS), `arms.<arm>.<seed>.curves` (test
+Avg@8 against cumulative RL steps: the kept lineage, and the evolution's other versions), `best_static_filter_selection` (the
 candidates' validation scores, the choice and the selection runs' steps), `steps`,
 `wall_s_per_arm` {arm: {seed: seconds}}, `arms` (per seed), `config`, `packages` (the
 versions of jax, flax, optax, numpy, ... found by this process: runs on another install
-are not comparable step for step), `wall_s`. An arm not run has null means and
+are not comparable step for step), `wall_s`. Beside `--json out.json`, `out.html` draws
+the curves, one chart per seed (`plot_page`). An arm not run has null means and
 differences.
 
 Resumable per (arm, seed): a finished run in `--workdir` (its `bench_done` marker) is read
@@ -206,6 +208,25 @@ def retained_by_layer(evolutions: dict, seeds: list) -> dict:
   return dict(sorted(out.items()))
 
 
+def plot_page(arms: dict, seeds: list) -> str:
+  """An HTML page, one chart per seed: test Avg@8 against cumulative RL steps of the
+  evolution's kept lineage (its other versions, rejected branches and controls, as
+  points) beside the fixed-harness arms' runs of the same seed."""
+  from evotrainer.report.html import svg_chart
+  names = {"evotrainer": "evotrainer lineage", "static": "static",
+           "static_lineage": "static, lineage steps", "recipe_search": "recipe search"}
+  charts = []
+  for s in seeds:
+    series = {label: arms[a][s]["curves"]["lineage"] for a, label in names.items()
+              if a in arms and "curves" in arms[a][s]}
+    if "evotrainer" in arms:
+      series["evotrainer, other versions"] = arms["evotrainer"][s]["curves"]["others"]
+    charts.append(svg_chart(series, f"seed {s}: test Avg@8 vs cumulative RL steps",
+                            width=720, height=260, points={"evotrainer, other versions"}))
+  return ("<!doctype html><meta charset='utf-8'><title>evolve_vs_static</title>"
+          + "".join(f"<p>{c}</p>" for c in charts) + "\n")
+
+
 def main(argv=None) -> dict:
   args = _args(argv)
   d = DOMAINS[args.domain]
@@ -234,6 +255,7 @@ def main(argv=None) -> dict:
   text = json.dumps(out, indent=2)
   if args.json:
     pathlib.Path(args.json).write_text(text + "\n")
+    pathlib.Path(args.json).with_suffix(".html").write_text(plot_page(arms, seeds))
   print(text)
   return out
 

