@@ -211,14 +211,16 @@ def retained_by_layer(evolutions: dict, seeds: list) -> dict:
 def plot_page(arms: dict, seeds: list) -> str:
   """An HTML page, one chart per seed: test Avg@8 against cumulative RL steps of the
   evolution's kept lineage (its other versions, rejected branches and controls, as
-  points) beside the fixed-harness arms' runs of the same seed."""
+  points) beside the fixed-harness arms' runs of the same seed; every curve starts at the
+  base policy's test score (step 0) when the base arm is there."""
   from evotrainer.report.html import svg_chart
   names = {"evotrainer": "evotrainer lineage", "static": "static",
            "static_lineage": "static, lineage steps", "recipe_search": "recipe search"}
   charts = []
   for s in seeds:
-    series = {label: arms[a][s]["curves"]["lineage"] for a, label in names.items()
-              if a in arms and "curves" in arms[a][s]}
+    start = [(0, arms["base"][s]["test"])] if "base" in arms else []  # the same policy
+    series = {label: ([] if a == "static" else start) + arms[a][s]["curves"]["lineage"]
+              for a, label in names.items() if a in arms and "curves" in arms[a][s]}
     if "evotrainer" in arms:
       series["evotrainer, other versions"] = arms["evotrainer"][s]["curves"]["others"]
     charts.append(svg_chart(series, f"seed {s}: test Avg@8 vs cumulative RL steps",

@@ -325,6 +325,10 @@ def test_the_arms_resume_and_accumulate(tmp_path, monkeypatch):
   page = (tmp_path / "out.html").read_text()
   assert page.count("<svg") == 2 and "seed 1: test Avg@8" in page
   assert "evotrainer, other versions" in page and "static, lineage steps" in page
+  # Each seed's curves start at the base policy's test score at step 0.
+  from bench.evolve_vs_static import plot_page
+  one = {a: {0: out["arms"][a]["0"]} for a in ("base", "static", "evotrainer")}
+  assert plot_page(one, [0]).count('points="48.0,') == 2  # evotrainer's and static's
 
   calls.clear()
   again = evolve_vs_static.main(argv)
