@@ -148,14 +148,18 @@ def _avg_key(figures: Mapping) -> str:
   return next(k for k in figures if k.startswith("avg"))  # avg8 unless k is set
 
 
-def cumulative_steps(summary: Mapping, vid: str) -> int:
-  """RL steps from the root to the end of version `vid` along its parents."""
-  versions = {v["id"]: v for v in summary["versions"]}
-  total = 0
+def _ancestry(versions: Mapping, vid: Optional[str]) -> list:
+  """`vid`, its parent, ..., the root (ids), in an evolution's {id: version}."""
+  out = []
   while vid is not None:
-    total += int(versions[vid].get("steps") or 0)
+    out.append(vid)
     vid = versions[vid]["parent"]
-  return total
+  return out
+
+
+def cumulative_steps(versions: Mapping, vid: str) -> int:
+  """RL steps from the root to the end of version `vid` along its parents."""
+  return sum(int(versions[v].get("steps") or 0) for v in _ancestry(versions, vid))
 
 
 def test_curves(summary: Mapping) -> dict:
@@ -163,21 +167,17 @@ def test_curves(summary: Mapping) -> dict:
   root to incumbent, 'others': [(steps, test)] of every version off it (rejected
   branches, controls)}; versions without a test score are left out."""
   versions = {v["id"]: v for v in summary["versions"]}
-  kept, vid = [], summary["incumbent"]
-  while vid is not None:
-    kept.append(vid)
-    vid = versions[vid]["parent"]
-  point = lambda v: (cumulative_steps(summary, v["id"]), v["test_avg8"])
-  return {"lineage": [point(versions[v]) for v in reversed(kept)
-                      if versions[v].get("test_avg8") is not None],
-          "others": sorted(point(v) for v in versions.values()
-                           if v["id"] not in kept and v.get("test_avg8") is not None)}
+  kept = _ancestry(versions, summary["incumbent"])[::-1]
+  scored = {i: (cumulative_steps(versions, i), v["test_avg8"]) for i, v in versions.items()
+            if v.get("test_avg8") is not None}
+  return {"lineage": [scored[i] for i in kept if i in scored],
+          "others": sorted(p for i, p in scored.items() if i not in kept)}
 
 
 def lineage_steps(summary: Mapping) -> int:
   """RL steps on the kept lineage of an evolution's summary.json: the incumbent's steps
   and every ancestor's up to the root (each version's `steps` are its own segment's)."""
-  return cumulative_steps(summary, summary["incumbent"])
+  return cumulative_steps({v["id"]: v for v in summary["versions"]}, summary["incumbent"])
 
 
 # The layer of a retained change, by the gin binding it sets (the paper's grouping: reward,

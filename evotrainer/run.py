@@ -2,8 +2,8 @@
 mode lives in evotrainer/modes/, and `run` builds what they share and dispatches.
 
 Modes:
-  train    build the policy, warm-start it on solved examples (`run.warm_start`;
-           (cached), then GRPO with the fixed default harness (evotrainer/train.py);
+  train    build the policy, warm-start it on solved examples (`run.warm_start`,
+           cached), then GRPO with the fixed default harness (evotrainer/train.py);
            writes summary.json with held-out figures before and after RL.
   branch   one branch of the evolution: start from `branch.parent` (a model saved by a
            previous branch; none = the warm-started root), train with the operative gin
