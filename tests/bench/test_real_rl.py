@@ -46,3 +46,22 @@ def test_training_diagnostics_average_each_end_of_the_run(tmp_path):
   out = training_diagnostics(path, edge=2)
   assert out["first"] == {"correct": 0.15, "time/step_s": 40.0, "diag/prose_rate": 0.35}
   assert out["last"] == {"correct": 0.45, "time/step_s": 40.0, "diag/prose_rate": 0.05}
+
+
+def test_a_warm_started_run_is_read_as_warm_not_base():
+  summary = {**_summary({"a": 0.0, "b": 0.5}, {"a": 0.5, "b": 0.5}), "warm_start_s": 600.0}
+  r = rl_result(summary)
+  assert "base_test" not in r and r["warm_test"] == 0.25 and r["warm_start_minutes"] == 10.0
+  out = summarize_rl({"math-rl-s0": r})
+  assert out["warm_test"] == 0.25 and out["rl_minus_warm"]["mean"] == pytest.approx(0.25)
+  base = rl_result(_summary({"a": 0.0, "b": 0.5}, {"a": 0.5, "b": 0.5}))
+  assert base["warm_start_minutes"] is None
+  with pytest.raises(ValueError, match="mix warm-started and base"):
+    summarize_rl({"math-rl-s0": r, "math-rl-s1": base})
+
+
+def test_an_arm_a_domain_lacks_is_refused(capsys):
+  from bench.real_rl import main
+  with pytest.raises(SystemExit):
+    main(["--domain", "math", "--arm", "evolve", "--json", "/nonexistent/x.json"])
+  assert "has no --arm evolve" in capsys.readouterr().err
