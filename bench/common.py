@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import os
 import pathlib
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -123,18 +125,54 @@ def launch_run(gin_files: list, bindings: list, workdir: pathlib.Path,
 
 
 LAUNCH_FILE = "bench_launch.json"  # a benchmark run directory's command (`run_or_read`)
+INCLUDE = re.compile(r"^include\s+['\"]([^'\"]+)['\"]", re.M)
+
+
+def gin_digest(gin_files: Sequence[str]) -> dict:
+  """{gin file: sha256 of its bindings} for `gin_files` and every file they include
+  (found next to the including file, else under the repository's gin/): what a run's
+  command means beyond its file names. Comments and blank lines are left out, so
+  rewording a comment does not invalidate a stored run."""
+  out: dict = {}
+  todo = [(REPO / g, g) for g in gin_files]
+  while todo:
+    path, name = todo.pop()
+    if name in out:
+      continue
+    if not path.is_file():
+      raise FileNotFoundError(f"gin file {name} (looked for {path})")
+    text = path.read_text()
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip() and
+             not ln.lstrip().startswith("#")]
+    out[name] = hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    for inc in INCLUDE.findall(text):
+      near = path.parent / inc
+      todo.append((near, str(near.relative_to(REPO))) if near.is_file()
+                  else (REPO / "gin" / inc, f"gin/{inc}"))
+  return dict(sorted(out.items()))
 
 
 def run_or_read(gin_files: list, bindings: list, wd: pathlib.Path,
                 log: pathlib.Path) -> dict:
   """The summary.json of the finished run in `wd` (its `bench_done` marker), else the
-  run's, launched now (`launch_run`). The command is kept in `wd/bench_launch.json`; a run
-  directory that holds another command is refused (its result would not be this one's)."""
-  record = {"gin_files": list(gin_files), "bindings": list(bindings)}
+  run's, launched now (`launch_run`). The command is kept in `wd/bench_launch.json`, with
+  the `gin_digest` of its gin files; a run directory that holds another command, or the
+  same files with other bindings in them, is refused (its result would not be this
+  one's). A record written before digests were kept is compared on the command alone."""
+  record = {"gin_files": list(gin_files), "bindings": list(bindings),
+            "gin_sha256": gin_digest(gin_files)}
   kept = wd / LAUNCH_FILE
-  if kept.exists() and json.loads(kept.read_text()) != record:
-    raise RuntimeError(f"{wd} holds a run of another command ({kept}); use another "
-                       f"--workdir, or remove that run directory to rerun it")
+  if kept.exists():
+    stored = json.loads(kept.read_text())
+    mine = {k: v for k, v in record.items() if k in stored}
+    if stored != mine:
+      changed = sorted(f for f, h in record["gin_sha256"].items()
+                       if stored.get("gin_sha256", {}).get(f) != h)
+      what = (f"gin files changed since: {', '.join(changed)}" if "gin_sha256" in stored
+              and stored["gin_files"] == mine["gin_files"] and
+              stored["bindings"] == mine["bindings"] else "another command")
+      raise RuntimeError(f"{wd} holds a run of {what} ({kept}); use another --workdir, "
+                         f"or remove that run directory to rerun it")
   if (wd / "bench_done").exists():
     return json.loads((wd / "summary.json").read_text())
   wd.mkdir(parents=True, exist_ok=True)

@@ -114,6 +114,7 @@ def test_the_pretrained_code_configs_parse_and_say_what_they_run(parsed):
   assert {"ProseRate", "BrokenFence", "SyntaxErrorRate", "WrongNameRate", "RunawayLength",
           "DeadGroupRatio"} <= names(gin.query_parameter("evolve.diagnostics"))
   assert gin.query_parameter("lr/FloatKnob.high") <= 1e-4  # a pretrained model's steps
+  assert gin.query_parameter("VerifyConfig.keep_on") == "mean"  # a branch's steps are kept
   space = SearchSpace()
   space.check_bindings_exist()
   values = space.current_values()

@@ -6,7 +6,11 @@ control branch (the parent continued unchanged, same seed and steps) when there 
 a change is credited against continuing, not against standing still. A branch is kept
 when it beats its reference (the control, else the parent) beyond noise after Holm's
 correction over the generation's branches, is not below the parent, and passes every
-active validator; the best such branch becomes the incumbent. A branch whose per-problem
+active validator; the best such branch becomes the incumbent. With
+`VerifyConfig.keep_on = 'mean'` a branch needs only a higher validation mean than its
+reference (and the parent): its steps already trained the lineage further, so without
+evidence that it is worse it is not thrown away; validators still veto, and such a
+keep teaches no skill (its evidence is within noise). A branch whose per-problem
 results equal the control's is inert: its knob never acted. When no change is kept and
 the control beats the parent beyond noise, the control (continued training) is promoted;
 otherwise it is pruned. Each outcome is one verdict (`Promotion._verdict`) with its
@@ -41,6 +45,9 @@ CONTROL = {"id": "control", "control": True,
 CONTINUE = {"id": "continue", "continuation": True,
             "description": "continuation: the incumbent trained further unchanged"}
 
+# What a branch must beat its reference by to be kept (`VerifyConfig.keep_on`).
+KEEP_ON = ("beyond_noise", "mean")
+
 # Verdicts that refute a change (`_verdict`): the controller never proposes it again
 # from a descendant that still holds the value it changed (proposal.excluded).
 REFUTED = ("validator", "collapsed", "worse_beyond_noise")
@@ -62,14 +69,22 @@ class VerifyConfig:
       canary_prompts) veto a change only when its control did not fail them too, and
       never veto a control or continuation; False: every failed validator vetoes. Set
       by `evolve.relative_health`.
+    keep_on: what a branch must beat its reference (the control, else the parent) by:
+      'beyond_noise' (the paired interval above 0 after Holm's correction) or 'mean'
+      (a higher validation mean; for budgets whose validation split cannot separate the
+      differences RL steps make, where rejecting a branch discards its steps). Either
+      way a kept branch is not below the parent and passes every validator.
   """
   alpha: float = 0.05
   bootstrap_n: int = 2000
   collapse_fraction: float = 0.5
   learn_skills: bool = True
   relative_health: bool = False
+  keep_on: str = "beyond_noise"
 
   def __post_init__(self):
+    if self.keep_on not in KEEP_ON:
+      raise ValueError(f"VerifyConfig.keep_on={self.keep_on!r}; expected one of {KEEP_ON}")
     if not 0 < self.alpha < 1:
       raise ValueError(f"VerifyConfig.alpha={self.alpha}; expected a level in (0, 1)")
     if self.bootstrap_n < 1:
@@ -103,13 +118,25 @@ def waived_note(x: Mapping) -> str:
                  f"{v.reason}" for v in x["waived"])
 
 
-def passes(x: Mapping) -> bool:
-  """The promotion gate of a branch row (the control's own gate is in `_best`)."""
+def beyond_noise(x: Mapping) -> bool:
+  """A branch row beats its reference (the control, else the parent) beyond noise,
+  Holm-corrected over its generation."""
+  return x.get("vs_control", x)["lo"] > 0 and x["holm"]
+
+
+def passes(x: Mapping, keep_on: str = "beyond_noise") -> bool:
+  """The promotion gate of a branch row (the control's own gate is in `_best`);
+  `keep_on`: see `VerifyConfig`."""
   if x["failed"] or x.get("inert"):
     return False
-  if "vs_control" in x:  # credited against continuing; never below the incumbent
-    return x["vs_control"]["lo"] > 0 and x["holm"] and x["diff"] > 0
-  return x["lo"] > 0 and x["holm"]
+  better = beyond_noise(x) if keep_on == "beyond_noise" else x.get("vs_control", x)["diff"] > 0
+  # Credited against continuing when there is a control; never below the incumbent.
+  return better and ("vs_control" not in x or x["diff"] > 0)
+
+
+def _weak_keep(x: Mapping) -> bool:
+  """A branch kept on its mean alone (`keep_on='mean'`), not beyond noise."""
+  return x.get("verdict") == "kept" and not x.get("control") and not beyond_noise(x)
 
 
 def _summary_row(x: Mapping) -> dict:
@@ -272,7 +299,7 @@ class Promotion:
   def _best(self, rows: Sequence[dict], crow: Optional[dict]) -> Optional[dict]:
     """The row to promote: the best passing branch, else a control that beats the parent
     beyond noise (no change beats continuing, and continuing beats standing still)."""
-    best = max((x for x in rows if passes(x)),
+    best = max((x for x in rows if passes(x, self.config.keep_on)),
                key=lambda x: (x["avg8"], x["diff"], -x["order"]), default=None)
     if (best is None and crow is not None and not crow["failed"] and crow["lo"] > 0
         and crow["p"] <= self.config.alpha / 2):
@@ -283,8 +310,8 @@ class Promotion:
     """Skill outcomes of the branches a skill proposed; kept other changes are learned."""
     skills = self.learner.skills
     for x in rows:
-      if x["verdict"] == "inert":
-        continue  # the knob never acted: no evidence for or against a skill
+      if x["verdict"] == "inert" or _weak_keep(x):
+        continue  # the knob never acted, or won within noise: no evidence for a skill
       h = Hypothesis.from_dict(x["branch"]["hypothesis"])
       success = outcomes[x["version"]][1] == "success"
       if h.skill and skills is not None and h.skill in skills:
@@ -299,7 +326,7 @@ class Promotion:
     vid = x["version"]
     self.ledger.update_decision(x["branch"]["decision"], outcome=result, why=reason)
     skill = None if x.get("control") else x["branch"]["hypothesis"].get("skill")
-    if skill and x["verdict"] != "inert":
+    if skill and x["verdict"] != "inert" and not _weak_keep(x):
       self.ledger.set_skill_outcome(vid, skill, result)
     self._set_heldout(vid, verdict=x["verdict"])
     found = ([self._collapse_finding(x)] if x["verdict"] == "collapsed" else []) + x["drift"]
@@ -399,7 +426,9 @@ class Promotion:
         "validator": lambda: validator_rejection(x, ci),
         "inert": lambda: (f"inert: per-problem validation results equal those of the "
                           f"control {vc['version']} (the change never acted)"),
-        "kept": lambda: (f"kept: beats {ref}; Holm-corrected over {k} branches)"
+        "kept": lambda: (f"kept on the mean (keep_on='mean'), not beyond noise: "
+                         f"{ci}{cci}; validators pass; no skill learned" if _weak_keep(x)
+                         else f"kept: beats {ref}; Holm-corrected over {k} branches)"
                          f"{'; ' + ci if vc else ''}; validators pass"),
         "continued": lambda: (f"continued training: no change beat the control, and the "
                               f"control beats {parent} beyond noise ({ci})"),
@@ -432,7 +461,7 @@ class Promotion:
       return "collapsed"
     if x.get("control"):
       return "control"
-    if passes(x):
+    if passes(x, self.config.keep_on):
       return "better_not_best"
     ref = x.get("vs_control", x)
     if ref["hi"] < 0:
@@ -494,5 +523,5 @@ class Promotion:
     self.ledger.reject(parent, why)
 
 
-__all__ = ["CONTINUE", "CONTROL", "Promotion", "REFUTED", "VerifyConfig", "ci_label",
-           "passes", "validator_rejection", "waived_note"]
+__all__ = ["CONTINUE", "CONTROL", "KEEP_ON", "Promotion", "REFUTED", "VerifyConfig",
+           "beyond_noise", "ci_label", "passes", "validator_rejection", "waived_note"]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import platform
 
 import flax
 import jax
 import numpy as np
 import optax
+import pytest
 
 from bench import common
 
@@ -30,3 +32,53 @@ def test_extra_packages_are_recorded_too():
   got = common.packages(("no-such-package-evotrainer", "numpy"))
   assert got["no-such-package-evotrainer"] is None and got["numpy"] == np.__version__
   assert set(got) == {"python", *common.PACKAGES, "no-such-package-evotrainer"}
+
+
+def _gin_repo(tmp_path, monkeypatch, base="x.y = 1\n"):
+  from bench import common
+  (tmp_path / "gin" / "model").mkdir(parents=True)
+  (tmp_path / "gin" / "base.gin").write_text(base)
+  (tmp_path / "gin" / "model" / "m.gin").write_text("m.n = 2\n")
+  (tmp_path / "gin" / "arm.gin").write_text(
+      "# an arm\ninclude 'base.gin'\ninclude 'model/m.gin'\n\narm.k = 3\n")
+  monkeypatch.setattr(common, "REPO", tmp_path)
+  return common
+
+
+def test_gin_digest_hashes_each_file_and_its_includes_without_comments(tmp_path, monkeypatch):
+  import hashlib
+  common = _gin_repo(tmp_path, monkeypatch)
+  sha = lambda text: hashlib.sha256(text.encode()).hexdigest()  # noqa: E731
+  assert common.gin_digest(["gin/arm.gin"]) == {
+      "gin/arm.gin": sha("include 'base.gin'\ninclude 'model/m.gin'\narm.k = 3"),
+      "gin/base.gin": sha("x.y = 1"), "gin/model/m.gin": sha("m.n = 2")}
+  before = common.gin_digest(["gin/arm.gin"])
+  (tmp_path / "gin" / "base.gin").write_text("# reworded\nx.y = 1\n")
+  assert common.gin_digest(["gin/arm.gin"]) == before
+  with pytest.raises(FileNotFoundError, match="gin/none.gin"):
+    common.gin_digest(["gin/none.gin"])
+
+
+def test_a_stored_run_of_since_changed_gin_files_is_refused(tmp_path, monkeypatch):
+  common = _gin_repo(tmp_path, monkeypatch)
+  launched = []
+
+  def fake_launch(gin_files, bindings, wd, log):
+    launched.append(wd.name)
+    return {"steps": 1}
+  monkeypatch.setattr(common, "launch_run", fake_launch)
+  wd = tmp_path / "runs" / "static-s0"
+  assert common.run_or_read(["gin/arm.gin"], ["run.seed = 0"], wd, tmp_path / "l") == {
+      "steps": 1}
+  (wd / "summary.json").write_text(json.dumps({"steps": 1}))
+  common.run_or_read(["gin/arm.gin"], ["run.seed = 0"], wd, tmp_path / "l")  # read back
+  assert launched == ["static-s0"]
+  (tmp_path / "gin" / "base.gin").write_text("x.y = 5\n")  # the method changed
+  with pytest.raises(RuntimeError, match="gin files changed since: gin/base.gin"):
+    common.run_or_read(["gin/arm.gin"], ["run.seed = 0"], wd, tmp_path / "l")
+  # A record from before digests were kept is compared on the command alone.
+  (wd / "bench_launch.json").write_text(json.dumps(
+      {"gin_files": ["gin/arm.gin"], "bindings": ["run.seed = 0"]}))
+  common.run_or_read(["gin/arm.gin"], ["run.seed = 0"], wd, tmp_path / "l")
+  with pytest.raises(RuntimeError, match="another command"):
+    common.run_or_read(["gin/arm.gin"], ["run.seed = 1"], wd, tmp_path / "l")

@@ -82,6 +82,41 @@ def test_point_estimate_gain_inside_the_noise_is_not_kept(tmp_path):
   assert ledger.incumbent().id == "v0"
 
 
+def test_keep_on_mean_keeps_a_gain_inside_the_noise_and_learns_no_skill(tmp_path):
+  """`VerifyConfig.keep_on='mean'`: the same +0.002 within noise is kept (its steps are
+  not thrown away), said so in its reason, and teaches no skill; a -0.002 is not kept."""
+  for name, up, down, kept in (("gain", 0.05, 0.046, True), ("loss", 0.046, 0.05, False)):
+    shift = _shift(0.5, up, down)
+    c, ledger, _ = make(tmp_path, {}, name=name, trainer=ShiftTrainer({"'rloo'": shift}),
+                        branches=1, proposer="random", keep_on="mean")
+    _one_knob(c, "Harness.estimator").run()
+    v = ledger.version("v1.0")
+    assert v.heldout["lo"] < 0 < v.heldout["hi"]
+    if kept:
+      assert v.status == "kept" and v.heldout["verdict"] == "kept"
+      assert v.reason.startswith("kept on the mean (keep_on='mean'), not beyond noise")
+      assert ledger.incumbent().id == "v1.0" and _learned(tmp_path, name) == []
+    else:
+      assert v.status == "rejected" and v.heldout["verdict"] == "not_beyond_noise"
+      assert ledger.incumbent().id == "v0"
+
+
+def test_keep_on_mean_still_credits_a_change_against_its_control(tmp_path):
+  # Continuing gains +0.15; 'rloo' loses 0.002 on average against the control: not kept.
+  c, ledger, _ = make(tmp_path, {}, trainer=ContinueTrainer(
+      {"'rloo'": _shift(0.5, 0.046, 0.05)}, 0.15), branches=1, control=True, keep_on="mean")
+  _one_knob(c, "Harness.estimator").run()
+  v = ledger.version("v1.0")
+  assert v.heldout["diff"] > 0.1 and v.heldout["control_diff"] < 0
+  assert v.status == "rejected" and ledger.incumbent().id == "v1.c"
+
+
+def test_an_unknown_keep_on_is_a_clear_error():
+  from evotrainer.evolution.promotion import VerifyConfig
+  with pytest.raises(ValueError, match="keep_on='always'.*beyond_noise"):
+    VerifyConfig(keep_on="always")
+
+
 def _borderline_shift(seed: int) -> dict:
   """A shift whose one-sided bootstrap p lies between alpha/4 and alpha/2 (0.0125 and
   0.025): beyond noise for one test, not after Holm over two."""
