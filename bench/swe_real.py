@@ -46,7 +46,7 @@ import gin  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from bench.common import load_json, machine, save_json, uptime  # noqa: E402
+from bench.common import gin_digest, load_json, machine, save_json, uptime  # noqa: E402
 from evotrainer import registry  # noqa: E402
 from evotrainer.eval.heldout import EvalConfig, evaluate  # noqa: E402
 from evotrainer.learner.warmstart import warm_start  # noqa: E402
@@ -69,9 +69,10 @@ WARM_GIN = "gin/swe_smol_warm.gin"
 
 
 def settings(args: argparse.Namespace) -> dict:
-  """What a seed's result depends on (a stored result with other settings is redone)."""
+  """What a seed's result depends on (a stored result with other settings is redone),
+  the gin file's bindings and includes among them (`gin_digest`)."""
   return {"gin": args.gin, "levels": args.levels, "k": args.k, "tasks": args.tasks,
-          "system": args.system}
+          "system": args.system, "gin_sha256": gin_digest([args.gin])}
 
 
 def run_key(args: argparse.Namespace, seed: int) -> str:

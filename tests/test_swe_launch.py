@@ -76,6 +76,7 @@ def test_swe_smol_warm_gin_warm_starts_the_pretrained_policy(parsed):
   gin.clear_config()
   parsed(["gin/swe_smol_train.gin"])  # the same policy, as it ships
   assert gin.query_parameter("run.warm_start") is False
+  assert gin.get_configurable("tasks.swe.ToolConfig")().indent_tolerant is True
 
 
 @pytest.mark.slow

@@ -25,7 +25,15 @@ Tools (paths are relative to the repository root, "/" separated):
                                              ambiguous text occurs, or for a missing
                                              one the lines it matches but for
                                              whitespace, else the closest lines
-                                             (hints.py)
+                                             (hints.py). With
+                                             `ToolConfig.indent_tolerant`, a text
+                                             that is not in the file but matches one
+                                             run of whole lines once each line's
+                                             leading and trailing whitespace is
+                                             ignored replaces those lines, indented as
+                                             the file's first matched line
+                                             (`indent_edit`), and the observation
+                                             shows the lines as written
   run_tests(tests=[])                        pytest node ids or test files; [] runs the
                                              task's test folders. Runs in a sandbox cell
                                              (`runner.SuiteRunner`), never on the host
@@ -119,6 +127,10 @@ class ToolConfig:
       (`repo.checkout(keep_history=True)`), the history holds the fix: the leak of
       gin/swe_leaky.gin, which `validators.HistoryLeak` catches.
     git_timeout_s: wall-clock limit of one `git` run in the sandbox.
+    indent_tolerant: a `search_replace` whose text is not in the file but matches
+      exactly one run of whole lines once each line's leading and trailing whitespace
+      is ignored edits those lines (`indent_edit`), saying which and what it wrote.
+      Off: the edit is refused and the hint shows the file's exact text.
   """
   max_output_chars: int = 4000
   read_lines: int = 200
@@ -126,6 +138,7 @@ class ToolConfig:
   test_timeout_s: float = 60.0
   git: bool = False
   git_timeout_s: float = 10.0
+  indent_tolerant: bool = False
 
   def __post_init__(self):
     if not self.git_timeout_s > 0:
@@ -355,14 +368,24 @@ class Workspace:
   def search_replace(self, path: str, search: str, replace: str) -> str:
     full, text = self._text(path)
     count = text.count(search) if search else 0
+    edit = (indent_edit(text, search, replace)
+            if count == 0 and self.config.indent_tolerant else None)
+    if edit is not None:
+      new_text, first, last, written = edit
+      full.write_text(new_text, encoding="utf-8")
+      span = f"line {first}" if first == last else f"lines {first}-{last}"
+      return (f"no exact match; {span} of {self._rel(full)} match the search text but "
+              f"for indentation, and now read{self._test_note(full)}:\n{written}")
     if count != 1:
       raise CallError(_missed_edit(path, text, search, count))
     full.write_text(repo_lib.search_replace(text, search, replace, path), encoding="utf-8")
-    rel = self._rel(full)
-    note = (" (a test file: changes to test files are not graded)"
-            if repo_lib.is_test_path(rel, self.test_dirs) else "")
     line = text[:text.index(search)].count("\n") + 1
-    return f"replaced 1 occurrence in {rel} at line {line}{note}"
+    return (f"replaced 1 occurrence in {self._rel(full)} at line {line}"
+            f"{self._test_note(full)}")
+
+  def _test_note(self, full: pathlib.Path) -> str:
+    return (" (a test file: changes to test files are not graded)"
+            if repo_lib.is_test_path(self._rel(full), self.test_dirs) else "")
 
   def run_tests(self, tests: Sequence = ()) -> str:
     if not all(isinstance(t, str) and t for t in tests):
@@ -409,6 +432,44 @@ class Workspace:
     except OSError as e:  # a name too long, a file the mode forbids: an observation
       raise CallError(f"{call.name}: {e.strerror or type(e).__name__}") from None
     return cap(out, self.config.max_output_chars)
+
+
+def _indent(line: str) -> str:
+  return line[:len(line) - len(line.lstrip())]
+
+
+def indent_edit(text: str, search: str, replace: str
+                ) -> Optional[tuple[str, int, int, str]]:
+  """The edit of `ToolConfig.indent_tolerant`: where `search`'s lines (blank ones at
+  its ends dropped), each stripped, equal one run of `text`'s lines stripped, and only
+  one, those lines are replaced by `replace`'s: each keeps its indentation relative to
+  the search text's first line, re-based on the file's first matched line (a line less
+  indented than that is put at the file's indentation). Returns (new text, first line,
+  last line, the lines written), or None when no run or several match."""
+  want = search.splitlines()
+  while want and not want[-1].strip():
+    want.pop()
+  while want and not want[0].strip():
+    want.pop(0)
+  lines = text.splitlines(keepends=True)
+  if not want or len(want) > len(lines):
+    return None
+  stripped = [ln.strip() for ln in lines]
+  goal = [ln.strip() for ln in want]
+  starts = [i for i in range(len(lines) - len(want) + 1)
+            if stripped[i:i + len(want)] == goal]
+  if len(starts) != 1:
+    return None
+  first, last = starts[0], starts[0] + len(want) - 1
+  base, lead = _indent(lines[first]), _indent(want[0])
+  kept = replace.rstrip("\n")
+  new = [("" if not r.strip() else base + r[len(lead):] if r.startswith(lead)
+          else base + r.lstrip()) for r in kept.split("\n")] if kept else []
+  ending = lines[last][len(lines[last].rstrip("\r\n")):]
+  written = "\n".join(new)
+  middle = written + ending if new else ""  # an empty replacement removes the lines
+  out = "".join(lines[:first]) + middle + "".join(lines[last + 1:])
+  return out, first + 1, last + 1, written
 
 
 def _missed_edit(path: str, text: str, search: str, count: int) -> str:

@@ -161,6 +161,43 @@ def test_a_missed_search_shows_what_would_have_worked(ws):
   assert path.read_text() == TOY_LIB  # hints never edit
 
 
+def test_indent_tolerant_edits_the_one_run_of_lines_that_matches_but_for_indentation(ws):
+  path = ws.root / "toylib" / "__init__.py"
+  edit = call("search_replace", path="toylib/__init__.py", search="if x < lo:\nreturn lo\n",
+              replace="if x <= lo:\n    return lo")
+  obs, _ = observe(ws, edit)  # off (the default): refused, the file as it was
+  assert obs.startswith("error: search_replace: the search text must occur exactly once")
+  assert path.read_text() == TOY_LIB
+  ws.config = tools.ToolConfig(max_output_chars=400, indent_tolerant=True)
+  obs, _ = observe(ws, edit)
+  assert obs == ("no exact match; lines 9-10 of toylib/__init__.py match the search text "
+                 "but for indentation, and now read:\n    if x <= lo:\n        return lo")
+  assert path.read_text() == TOY_LIB.replace("    if x < lo:\n        return lo",
+                                             "    if x <= lo:\n        return lo")
+  # Two runs match once stripped ("return 1" in f and in g): refused, nothing written.
+  (ws.root / "toylib" / "two.py").write_text("def f():\n    return 1\n\ndef g():\n"
+                                             "    return 1\n")
+  obs, _ = observe(ws, call("search_replace", path="toylib/two.py", search="return 1 ",
+                            replace="return 2"))
+  assert obs.startswith("error: search_replace: the search text must occur exactly once")
+  assert (ws.root / "toylib" / "two.py").read_text().count("return 1") == 2
+
+
+def test_indent_edit_by_hand():
+  text = "class A:\n    def f(self):\n        x = 1\n        return x\n"
+  # The search written at 2 spaces: the replacement keeps its lines' relative indentation
+  # on the file's 8; a line less indented than the search's first goes to the file's.
+  out = tools.indent_edit(text, "  x = 1\n  return x", "  y = 2\n    z = 3\nreturn y\n")
+  assert out == ("class A:\n    def f(self):\n        y = 2\n          z = 3\n"
+                 "        return y\n", 3, 4, "        y = 2\n          z = 3\n        return y")
+  # An empty replacement removes the lines; no match, or a fragment of a line: None.
+  assert tools.indent_edit(text, "x = 1", "")[0] == ("class A:\n    def f(self):\n"
+                                                     "        return x\n")
+  assert tools.indent_edit(text, "x = 2", "y") is None
+  assert tools.indent_edit(text, "return", "y") is None
+  assert tools.indent_edit(text, "\n\n", "y") is None
+
+
 def test_missing_paths_get_the_nearest_paths(ws):
   expected = {
       call("read_file", path="toylib/init.py"):
