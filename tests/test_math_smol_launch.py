@@ -74,7 +74,9 @@ def test_launch_math_smol_evolution_with_the_real_model(tmp_path):
       capture_output=True, text=True, timeout=1500)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   summary = json.loads((workdir / "summary.json").read_text())
-  assert summary["model"]["source"] == "hf" and summary["warm_start_s"] > 0
+  root = json.loads((workdir / "versions" / "v0" / "summary.json").read_text())
+  assert root["model"]["source"] == "hf" and root["model"]["params"] > 1e8
+  assert root["warm_start_s"] > 0
   versions = {v["id"]: v for v in summary["versions"]}
   assert set(versions) == {"v0", "v1.0"} and versions["v1.0"]["parent"] == "v0"
   assert all(v["steps"] == 1 for v in versions.values())

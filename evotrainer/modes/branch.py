@@ -66,10 +66,11 @@ def exploit_recovery(task, tok, num_problems: int = 64) -> dict:
   """What this branch's reward pays each exploit family (harness/probes.py; a task with
   `exploit_completions` brings its own, code's lying program): `exploit_recovery/<family>`,
   and `exploit_recovery`, the worst (NaN when the reward does not separate right from
-  wrong), judged by the `exploit_probe` validator."""
+  wrong), judged by the `exploit_probe` validator. Probed on the first `num_problems`
+  validation problems, or the whole split when it is smaller."""
   from evotrainer.harness.pipeline import Harness
   from evotrainer.harness.probes import exploit_recoveries
-  each = exploit_recoveries(task.heldout_problems(num_problems), task.score_many,
+  each = exploit_recoveries(task.heldout_problems()[:num_problems], task.score_many,
                             Harness().composer, tok.encode,
                             completions=getattr(task, "exploit_completions", None))
   finite = [v for v in each.values() if not math.isnan(v)]
