@@ -102,6 +102,14 @@ def save_json(path, payload: dict) -> None:
   os.replace(tmp, path)
 
 
+def merge_json(path, keys: dict) -> None:
+  """Sets `keys` in the JSON object in `path` (created when absent), keeping its other
+  keys: how a benchmark files its summary figures into a shared results file."""
+  payload = load_json(path)
+  payload.update(keys)
+  save_json(path, payload)
+
+
 def write_json(path: str | None, payload: dict) -> None:
   text = json.dumps(payload, indent=2)
   print(text)

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from bench.common import machine, write_json  # noqa: E402
+from bench.common import machine, merge_json, write_json  # noqa: E402
 from evotrainer.model import gguf as gg  # noqa: E402
 from tests.model import gguf_files  # noqa: E402
 from tests.model.test_hf import _batch, _hf_logits, _max_err, _our_logits  # noqa: E402
@@ -85,6 +85,9 @@ def smollm2_parity() -> dict:
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--json", help="write results here")
+  ap.add_argument("--into", default=None,
+                  help="also set `parity_max_abs` in this JSON file, keeping its other "
+                  "keys (bench/results/real_model.json)")
   args = ap.parse_args()
   with tempfile.TemporaryDirectory() as d:
     tiny = tiny_parity(d)
@@ -98,6 +101,8 @@ def main():
     info["packages"][name] = importlib.metadata.version(name)
   write_json(args.json, {"parity_max_abs": parity, "tiny": tiny, "smollm2": smol,
                          "machine": info})
+  if args.into:
+    merge_json(args.into, {"parity_max_abs": parity})
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from bench.common import machine, write_json  # noqa: E402
+from bench.common import machine, merge_json, write_json  # noqa: E402
 from evotrainer.learner.advantages import grpo_advantages  # noqa: E402
 from evotrainer.learner.step import Learner  # noqa: E402
 from evotrainer.model.source import policy  # noqa: E402
@@ -225,6 +225,10 @@ def main() -> None:
   ap.add_argument("--quick", action="store_true",
                   help="smoke run: 2 prompts x 2 samples x 8 tokens, the first variant")
   ap.add_argument("--json", default=None)
+  ap.add_argument("--into", default=None,
+                  help="also set `step_seconds` {variant: median step seconds} and "
+                  "`step_breakdown` {variant: seconds per part} in this JSON file, keeping "
+                  "its other keys (bench/results/real_model.json)")
   args = ap.parse_args()
   names = args.variants.split(",")
   unknown = [n for n in names if n not in VARIANTS]
@@ -239,6 +243,12 @@ def main() -> None:
       max_new_tokens=args.new_tokens, quick=args.quick, variants=results,
       peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
       machine=machine()))
+  if args.into:
+    merge_json(args.into, {
+        "step_seconds": {n: r["seconds"]["step"] for n, r in results.items()},
+        "step_breakdown": {n: r["seconds"] for n, r in results.items()},
+        "step_shape": {"prompts": args.prompts, "group": args.group,
+                       "max_new_tokens": args.new_tokens, "quick": args.quick}})
 
 
 if __name__ == "__main__":

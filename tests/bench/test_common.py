@@ -82,3 +82,11 @@ def test_a_stored_run_of_since_changed_gin_files_is_refused(tmp_path, monkeypatc
   common.run_or_read(["gin/arm.gin"], ["run.seed = 0"], wd, tmp_path / "l")
   with pytest.raises(RuntimeError, match="another command"):
     common.run_or_read(["gin/arm.gin"], ["run.seed = 1"], wd, tmp_path / "l")
+
+
+def test_merge_json_sets_keys_and_keeps_the_others(tmp_path):
+  path = tmp_path / "sub" / "results.json"
+  common.merge_json(path, {"a": 1})  # absent: created
+  common.merge_json(path, {"b": {"x": 2.5}, "a": 3})
+  assert json.loads(path.read_text()) == {"a": 3, "b": {"x": 2.5}}
+  assert not (tmp_path / "sub" / "results.json.tmp").exists()
