@@ -147,7 +147,8 @@ def skill_hypotheses(findings: Sequence, values: Mapping, space: SearchSpace,
                      skills: Optional[SkillLibrary], previous: Optional[Mapping] = None
                      ) -> list:
   """Matching skills' interventions (best evidence first), then the catalog's entries for
-  each finding (most severe first)."""
+  each finding (most severe first). A finding of severity 0 reports and diagnoses
+  nothing (`ScoreTrend`'s "improving"): the catalog proposes nothing for it."""
   out = []
   for s in (skills.matching(findings, values) if skills is not None else []):
     try:
@@ -161,7 +162,7 @@ def skill_hypotheses(findings: Sequence, values: Mapping, space: SearchSpace,
     out.append(Hypothesis(iv, f"change {iv.description}, expect {s.expected_outcome} "
                               f"because skill {s.name}: {s.description}",
                           s.validation_criterion, "skill", _group(space, iv), s.name, kind))
-  for f in sorted(findings, key=lambda f: (-_sev(f), _kind(f))):
+  for f in sorted((f for f in findings if _sev(f) > 0), key=lambda f: (-_sev(f), _kind(f))):
     kind = _kind(f)
     message = f.get("message") if isinstance(f, Mapping) else getattr(f, "message", "")
     for sub, kinds, expect in CATALOG.get(kind, ()):

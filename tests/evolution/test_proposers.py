@@ -1,0 +1,26 @@
+"""skill_hypotheses: what the catalog proposes for each finding, by hand."""
+
+from evotrainer.evolution.proposers import skill_hypotheses
+from evotrainer.evolution.search_space import FloatKnob, SearchSpace
+from evotrainer.harness.diagnostics.score import ScoreTrend
+from evotrainer.types import Episode
+
+SPACE = SearchSpace([FloatKnob("Learner.learning_rate", 1e-5, 1e-4, log=True)])
+VALUES = {"Learner.learning_rate": 2e-5}
+
+
+def _trend(avg8: float) -> list:
+  """ScoreTrend's finding for a held-out avg8 against an incumbent's 0.30."""
+  ep = Episode(episode_id="v0/1/0", group_id=0, task_id="t", prompt="p", completion="c",
+               answer="a", reward_parts={"correct": 1.0})
+  report = ScoreTrend()([ep], {"heldout": {"avg8": avg8}, "incumbent": {"avg8": 0.30}})
+  return list(report.findings)
+
+
+def test_an_improving_score_proposes_nothing_a_flat_one_a_learning_rate():
+  improving, flat = _trend(0.35), _trend(0.30)
+  assert [f.severity for f in improving] == [0.0] and [f.severity for f in flat] == [0.3]
+  assert skill_hypotheses(improving, VALUES, SPACE, None) == []
+  hyps = skill_hypotheses(flat, VALUES, SPACE, None)
+  assert hyps and {h.finding for h in hyps} == {"score_trend"}
+  assert {h.intervention.binding for h in hyps} == {"Learner.learning_rate"}
