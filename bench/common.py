@@ -74,10 +74,24 @@ def packages(extra: Sequence[str] = ()) -> dict:
 
 
 def machine(extra: Sequence[str] = ()) -> dict:
-  """The platform, CPU count, jax and its devices, and `packages(extra)`."""
-  return {"platform": platform.platform(), "cpus": os.cpu_count(),
+  """The platform, the CPU's model and count, jax and its devices, and `packages(extra)`.
+  Timings of two machines with the same platform string can differ threefold: the CPU's
+  model tells them apart."""
+  return {"platform": platform.platform(), "cpu": cpu_model(), "cpus": os.cpu_count(),
           "jax": jax.__version__, "devices": [str(d) for d in jax.devices()],
           "packages": packages(extra)}
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+  """The first 'model name' of `cpuinfo` (Linux), else `platform.processor()` or None."""
+  try:
+    with open(cpuinfo) as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or None
 
 
 def uptime() -> str:

@@ -90,3 +90,11 @@ def test_merge_json_sets_keys_and_keeps_the_others(tmp_path):
   common.merge_json(path, {"b": {"x": 2.5}, "a": 3})
   assert json.loads(path.read_text()) == {"a": 3, "b": {"x": 2.5}}
   assert not (tmp_path / "sub" / "results.json.tmp").exists()
+
+
+def test_cpu_model_reads_the_first_model_name(tmp_path):
+  info = tmp_path / "cpuinfo"
+  info.write_text("processor\t: 0\nvendor_id\t: X\nmodel name\t: Some CPU @ 2.0GHz\n\n"
+                  "processor\t: 1\nmodel name\t: Other\n")
+  assert common.cpu_model(str(info)) == "Some CPU @ 2.0GHz"
+  assert common.cpu_model(str(tmp_path / "absent")) == (platform.processor() or None)
