@@ -7,7 +7,6 @@ import dataclasses
 import json
 import pathlib
 import random
-import re
 
 import pytest
 
@@ -226,6 +225,10 @@ class PoisonedIncumbentTrainer(ScriptedTrainer):
 
   poisoned = "/v1."  # a parent checkpoint path with this in it poisons the child
 
+  def __init__(self, effects):
+    super().__init__(effects)
+    self.rewards = {}  # version -> the reward series it trained with
+
   def train(self, *, version, parent_checkpoint, bindings, seed, workdir):
     r = super().train(version=version, parent_checkpoint=parent_checkpoint,
                       bindings=bindings, seed=seed, workdir=workdir)
@@ -233,14 +236,15 @@ class PoisonedIncumbentTrainer(ScriptedTrainer):
       per = {p: v * 0.2 for p, v in r.per_problem.items()}
       r = dataclasses.replace(r, per_problem=per,
                               final={"avg8": sum(per.values()) / len(per)})
+    self.rewards[version] = r.series["reward"]
     return r
 
 
 def test_collapsing_children_demote_the_incumbent_and_say_so(tmp_path):
   effects = {"'rloo'": {"delta": 0.2}, "2e-05": {"delta": 0.2}, "'hack'": {"delta": 0.2},
              "train.group_size": {"delta": 0.2}}
-  c, ledger, _ = make(tmp_path, {}, trainer=PoisonedIncumbentTrainer(effects), branches=2,
-                      generations=2)
+  trainer = PoisonedIncumbentTrainer(effects)
+  c, ledger, _ = make(tmp_path, {}, trainer=trainer, branches=2, generations=2)
   c.run()
   kept = [d.version_id for d in ledger.decisions() if d.outcome == "success"]
   assert len(kept) == 1 and kept[0].startswith("v1.")
@@ -253,8 +257,10 @@ def test_collapsing_children_demote_the_incumbent_and_say_so(tmp_path):
   # Each collapse is a finding with its evidence (here: the reward curve's two ends).
   (f,) = ledger.findings(version="v2.0", stage="verify")
   assert f.kind == "collapse" and f.severity == 1.0 and f.value < f.threshold
-  ((where, ends),) = f.evidence  # the scripted reward rises 0.01 x delta a step from 0.3
-  assert where == "series:reward" and re.fullmatch(r"0\.3 -> 0\.3\d* over 10 steps", ends)
+  first, last = trainer.rewards["v2.0"][0], trainer.rewards["v2.0"][-1]
+  assert first == 0.3  # the scripted reward starts at 0.3 and rises 0.01 x delta a step
+  assert [list(e) for e in f.evidence] == [["series:reward",
+                                            f"0.3 -> {last:.4g} over 10 steps"]]
   assert v1.status == "rejected" and v1.reason.startswith("unstable: 3 of 3")
   assert ledger.incumbent().id == "v0"
   d = [d for d in ledger.decisions() if d.id == "g2-suspect"]
