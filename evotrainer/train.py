@@ -67,7 +67,8 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
           max_to_keep: int = 2, store_rollouts: bool = True,
           time_limit_s: Optional[float] = None, parent_checkpoints: Optional[str] = None,
           learner_factory: Callable[..., Learner] = Learner, progress: bool = True,
-          recompute_old_logprobs: bool = True, progress_every: int = 10) -> dict:
+          recompute_old_logprobs: bool = True, progress_every: int = 10,
+          keep_best: bool = False) -> dict:
   """Trains `model` with GRPO-family updates on `task`; resumes from `workdir` if possible.
 
   Args:
@@ -109,10 +110,19 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
       `learner/sampler_logprob_gap` (max |difference| over trained tokens). Costs one
       forward pass per batch. With `Learner.kl_coef > 0` reference log-probs under the
       segment's starting parameters are computed for every batch as well.
+    keep_best: end on the best validated train state of the segment, not the last: every
+      periodic evaluation after step 0 that scores at least as high (Avg@k) as the best
+      so far saves its state under best/ (Orbax, one kept, so a resume keeps it); at the
+      end, if the last evaluation scored lower, that state (parameters and optimizer
+      moments) replaces the last one, in the final checkpoint and the saved model, and
+      `final` holds its figures. Selecting among several evaluations on the validation
+      split flatters the figure selected on; test figures are unaffected. The controller
+      sets it for continuations with `evolve.continue_keeps_best`.
 
   Returns:
-    {'steps', 'wall_s', 'initial', 'final', 'history', 'state', 'rollout',
-    'harness_share'}: validation figures `avg{k}`, `pass{k}`, `greedy` before and after,
+    {'steps', 'wall_s', 'initial', 'final', 'final_step', 'history', 'state', 'rollout',
+    'harness_share'}: validation figures `avg{k}`, `pass{k}`, `greedy` before and after
+    (`final_step`: the step whose state and figures the segment ends on),
     the final train state, the rollout engine (its compiled sampler serves a test
     evaluation),
     and the share of step time spent in the harness and diagnostics.
@@ -126,7 +136,7 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
               updates_per_batch=updates_per_batch, sampling=sampling or SamplingParams(),
               eval_config=eval_config or EvalConfig(), max_to_keep=max_to_keep,
               store_rollouts=store_rollouts, learner_factory=learner_factory,
-              recompute_old_logprobs=recompute_old_logprobs)
+              recompute_old_logprobs=recompute_old_logprobs, keep_best=keep_best)
   run = _start(seg, model, parent_checkpoints)
   if run.initial is None:
     _initial_evaluation(seg, run)
@@ -158,6 +168,9 @@ def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
     last = run.step == steps or out_of_time
     if run.step % eval_every == 0 or last:
       _periodic_evaluation(seg, run, bar)
+      _remember_best(seg, run)
+    if last:
+      _end_on_best(seg, run, bar)
     if run.step % checkpoint_every == 0 or last:
       _checkpoint(seg, run)
     if out_of_time:
@@ -199,6 +212,7 @@ class _Segment:
   store: Optional[RolloutStore]
   ckpts: Checkpoints
   background: Background
+  best: Optional[Checkpoints] = None  # with keep_best: the best validated state so far
 
 
 @dataclasses.dataclass
@@ -211,6 +225,8 @@ class _Progress:
   history: list = dataclasses.field(default_factory=list)  # {'step', figures...} per eval
   harness_s: float = 0.0  # seconds of step time spent in the harness and diagnostics
   total_s: float = 0.0  # seconds of step time
+  best: Optional[dict] = None  # with keep_best: {'step', 'score'} of the best evaluation
+  final_step: Optional[int] = None  # the step the segment ends on, when not its last
 
 
 def _check_sizes(steps: int, prompts_per_step: int, group_size: int) -> None:
@@ -223,7 +239,7 @@ def _wire(workdir: str, task, model, tokenizer, mesh, *, seed: int, prompts_per_
           group_size: int, harness: Harness, diagnostics: list, version: str,
           updates_per_batch: int, sampling: SamplingParams, eval_config: EvalConfig,
           max_to_keep: int, store_rollouts: bool, learner_factory: Callable[..., Learner],
-          recompute_old_logprobs: bool) -> _Segment:
+          recompute_old_logprobs: bool, keep_best: bool = False) -> _Segment:
   """Builds the learner, the sampler and rollout engine, and the run's writers."""
   paths.makedirs(workdir)
   vocab_limit = tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None
@@ -246,7 +262,8 @@ def _wire(workdir: str, task, model, tokenizer, mesh, *, seed: int, prompts_per_
       hparams=learner.hparams(temperature=sampling.logprob_temperature),
       rollout=rollout, harness=harness, diagnostics=diagnostics, eval_config=eval_config,
       heldout=heldout, primary=primary, writer=writer, store=store, ckpts=ckpts,
-      background=Background())
+      background=Background(),
+      best=Checkpoints(os.path.join(workdir, "best"), max_to_keep=1) if keep_best else None)
 
 
 def _start(seg: _Segment, model, parent_checkpoints: Optional[str]) -> _Progress:
@@ -258,7 +275,8 @@ def _start(seg: _Segment, model, parent_checkpoints: Optional[str]) -> _Progress
     seg.harness.load_state(meta.get("harness_state", {}), strict=False)
     seg.writer.truncate_after(meta["step"])
     print(f"[train] resumed from step {meta['step']} ({seg.ckpts.directory})", flush=True)
-    return _Progress(restored["state"], meta["step"], meta["initial"], meta["history"])
+    return _Progress(restored["state"], meta["step"], meta["initial"], meta["history"],
+                     best=meta.get("best"), final_step=meta.get("final_step"))
   if parent_checkpoints:
     parent = Checkpoints(parent_checkpoints, max_to_keep=None)
     restored, _ = parent.restore(None, target={"state": _abstract(state)})
@@ -430,6 +448,38 @@ def _periodic_evaluation(seg: _Segment, run: _Progress, bar) -> None:
   bar.write(f"[train] step {run.step}: held-out {_fmt(ev)}")
 
 
+def _remember_best(seg: _Segment, run: _Progress) -> None:
+  """With keep_best: saves the state just evaluated when it scores at least the best so
+  far (ties go to the later, longer-trained state); step 0 (the start) never counts.
+
+  After a resume the replayed steps may meet best/ ahead of them (saved before the crash,
+  not yet in the resumed checkpoint): at that very step the saved state is this one (the
+  replay is exact); a step before it is no better than it (it was a best when saved)."""
+  if seg.best is None or run.step == 0:
+    return
+  score = run.history[-1][f"avg{seg.eval_config.k}"]
+  if run.best is not None and score < run.best["score"]:
+    return
+  saved = seg.best.all_steps()
+  if saved and max(saved) > run.step:
+    return
+  if run.step not in saved:
+    seg.best.save(run.step, {"state": run.state})
+  run.best = {"step": run.step, "score": score}
+
+
+def _end_on_best(seg: _Segment, run: _Progress, bar) -> None:
+  """With keep_best, at the last step: the best validated state replaces the last one
+  when the last evaluation scored lower."""
+  if seg.best is None or run.best is None or run.best["step"] == run.step:
+    return
+  restored, _ = seg.best.restore(run.best["step"], target={"state": _abstract(run.state)})
+  run.state, run.final_step = restored["state"], run.best["step"]
+  bar.write(f"[train] ending on the best validated state, step {run.best['step']} "
+            f"(Avg@{seg.eval_config.k} {run.best['score']:.3f} > the last evaluation's "
+            f"{run.history[-1][f'avg{seg.eval_config.k}']:.3f})")
+
+
 def _checkpoint(seg: _Segment, run: _Progress) -> None:
   """Step 8: the train state, with what a resume needs to continue exactly."""
   seg.background.flush()  # the step's rollouts are on disk before its checkpoint
@@ -437,6 +487,7 @@ def _checkpoint(seg: _Segment, run: _Progress) -> None:
   seg.ckpts.save(run.step, {"state": run.state},
                  {"step": run.step, "seed": seg.seed, "initial": run.initial,
                   "history": run.history, "harness_state": seg.harness.state(),
+                  "best": run.best, "final_step": run.final_step,
                   "harness": seg.harness.describe()})
 
 
@@ -445,11 +496,13 @@ def _finish(seg: _Segment, run: _Progress, start: float) -> dict:
   seg.background.flush()
   seg.writer.sync()
   seg.ckpts.wait()
-  final = (run.history[-1] if run.history and run.history[-1]["step"] == run.step
-           else _evaluate(seg, run.state.params, run.step))
+  final_step = run.step if run.final_step is None else run.final_step
+  final = next((h for h in run.history if h["step"] == final_step), None)
+  final = final if final is not None else _evaluate(seg, run.state.params, run.step)
   final = {k: v for k, v in final.items() if k != "step"}
   return {"steps": run.step, "wall_s": round(time.time() - start, 2),
-          "initial": run.initial, "final": final, "history": run.history,
+          "initial": run.initial, "final": final, "final_step": final_step,
+          "history": run.history,
           "state": run.state, "rollout": seg.rollout,
           "harness_share": round(run.harness_s / run.total_s, 4) if run.total_s else None}
 

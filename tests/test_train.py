@@ -78,6 +78,66 @@ def test_resume_reproduces_an_uninterrupted_run(setup, tmp_path):
     np.testing.assert_allclose(np.asarray(va[...]), np.asarray(vb[...]), atol=1e-6)
 
 
+class ScriptedValidation:
+  """DigitShareTask whose validation rows score by a script, one value per evaluation
+  (its sampled call: problems x k rows; the greedy call reuses the value), so which
+  evaluation is best is known by hand."""
+
+  def __init__(self, task, script, k):
+    self.task, self.script, self.k = task, list(script), k
+    self.valid = {p.id for p in task.heldout_problems(split="validation")}
+    self.value = None
+
+  def __getattr__(self, name):
+    return getattr(self.task, name)
+
+  def score_many(self, problems, texts):
+    if problems[0].id not in self.valid:
+      return self.task.score_many(problems, texts)
+    if len(problems) % self.k == 0 and len(problems) > len({p.id for p in problems}):
+      self.value = self.script.pop(0)
+    return [{"correct": self.value, "format": 0.0} for _ in texts]
+
+
+def _run_keep_best(setup, task, workdir, steps):
+  _, tok, cfg = setup
+  from evotrainer.learner.step import Learner
+  return train(str(workdir), task, Transformer(cfg, rngs=nnx.Rngs(0)), tok, seed=3,
+               steps=steps, prompts_per_step=4, group_size=4, eval_every=2,
+               checkpoint_every=2, max_to_keep=None, progress=False, keep_best=True,
+               eval_config=EvalConfig(num_problems=4, k=2, batch_rows=8, max_new_tokens=6),
+               learner_factory=lambda m, mesh, **kw: Learner(m, mesh, learning_rate=3e-3, **kw))
+
+
+def _flat(params):
+  return [np.asarray(v[...]) for _, v in nnx.to_flat_state(params)]
+
+
+@pytest.mark.slow
+def test_keep_best_ends_on_the_best_validated_state_across_a_resume(setup, tmp_path):
+  from evotrainer.checkpoint import Checkpoints
+  # evaluations at steps 0, 2, 4 (the first run's last), then 6 after the resume
+  task = ScriptedValidation(setup[0], [0.125, 0.5, 0.875, 0.25], k=2)
+  first = _run_keep_best(setup, task, tmp_path, steps=4)
+  assert first["final_step"] == 4 and first["final"]["avg2"] == 0.875
+  out = _run_keep_best(setup, task, tmp_path, steps=6)  # resumes at step 4
+  assert task.script == []  # every scripted evaluation ran, none twice
+  assert out["steps"] == 6 and out["final_step"] == 4
+  assert out["final"]["avg2"] == 0.875 and out["final"]["greedy"] == 0.875
+  ckpts = Checkpoints(tmp_path / "checkpoints", max_to_keep=None)
+  target = {"state": out["state"]}
+  at4, _ = ckpts.restore(4, target)
+  at6, meta6 = ckpts.restore(6, target)
+  assert meta6["final_step"] == 4 and meta6["best"] == {"step": 4, "score": 0.875}
+  for ours, four, six in zip(_flat(out["state"].params), _flat(at4["state"].params),
+                             _flat(at6["state"].params)):
+    np.testing.assert_array_equal(ours, four)  # the state of step 4 ...
+    np.testing.assert_array_equal(six, four)   # ... is what the final checkpoint holds
+  last = _run(setup, tmp_path / "plain", steps=6)  # the same run without keep_best
+  assert any(not np.array_equal(a, b) for a, b in
+             zip(_flat(last["state"].params), _flat(out["state"].params)))
+
+
 class _HashFilter:
   """Passes a group when its problem id hashes to 1..3 mod 4 (about 3 in 4 groups), so
   dynamic sampling runs further rounds of fewer groups."""
@@ -167,6 +227,7 @@ def test_evolve_mode_end_to_end(tmp_path, launch_caches):
          f"--gin_bindings=evolve.generations = {generations}",
          "--gin_bindings=evolve.branches = 1", "--gin_bindings=evolve.branch_steps = 2",
          "--gin_bindings=evolve.continue_steps = 1",
+         "--gin_bindings=evolve.continue_keeps_best = True",
          *(f"--gin_bindings={b}" for b in launch_caches)],
         cwd=REPO, env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
         capture_output=True, text=True, timeout=1200)
@@ -183,6 +244,8 @@ def test_evolve_mode_end_to_end(tmp_path, launch_caches):
       "continuation")
   assert cont["parent"] == "v0" or versions[cont["parent"]]["status"] == "kept"
   assert cont["steps"] == 1 and cont["status"] in ("kept", "rejected") and cont["reason"]
+  # the continuation keeps its best validated state (train.keep_best in its child)
+  assert (workdir / "versions" / "v1.x" / "best" / "1").is_dir()
   assert summary["mode"] == "evolve"
   assert summary["incumbent"] == ("v1.x" if cont["status"] == "kept" else cont["parent"])
   assert versions["v1.0"]["parent"] == versions["v1.c"]["parent"] == "v0"

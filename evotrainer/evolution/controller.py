@@ -107,6 +107,8 @@ class LoopConfig:
       the generation's seed and steps) and credit each change against it.
     continue_steps: RL steps of each generation's continuation (0: none), passed to the
       trainer as `train.steps`.
+    continue_keeps_best: the continuation ends on its best validated state, not its last
+      (`train.keep_best`): one noisy end point no longer decides what the lineage carries.
     progress: a bar over the trainings and one line per event on the terminal.
   """
   domain: str = "math"
@@ -116,6 +118,7 @@ class LoopConfig:
   proposer: str = "skills"
   control: bool = True
   continue_steps: int = 0
+  continue_keeps_best: bool = False
   progress: bool = False
 
   def __post_init__(self):
@@ -338,7 +341,9 @@ class Controller:
     parent = self.ledger.version(vid).parent
     r = self.train_version(vid, parent, did, aid, self.train_seed(gen) + 500,
                            lambda: self.results.values(parent), what="continuation",
-                           extra=[f"train.steps = {steps}"])
+                           extra=[f"train.steps = {steps}",
+                                  *(["train.keep_best = True"]
+                                    if self.config.continue_keeps_best else [])])
     infra.settle_generation(self.ledger, gen, [{"version": vid}], {vid: r},
                             self._infra_failed)
     if r is not None and self.ledger.version(vid).status == "running":

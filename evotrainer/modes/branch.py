@@ -87,11 +87,14 @@ SERIES = {"correct": ("correct",), "reward": ("reward",),
 
 def branch_result(workdir, version, out, model_dir, store) -> BranchResult:
   """What the controller reads back: held-out figures with the per-problem scores a
-  paired bootstrap needs, the training series (`SERIES`: BC, proxy reward, entropy,
-  length, truncation, clip fraction per step; None where a step lacks one), paths."""
+  paired bootstrap needs (of the evaluation the segment ended on, `out['final_step']`:
+  its last, or with `train.keep_best` its best), the training series (`SERIES`: BC,
+  proxy reward, entropy, length, truncation, clip fraction per step; None where a step
+  lacks one), paths."""
   from evotrainer.eval.heldout import per_problem
   steps = store.steps(version, "heldout")
-  final = store.read(version=version, step=steps[-1], split="heldout") if steps else []
+  step = out.get("final_step") if out.get("final_step") in steps else (steps or [None])[-1]
+  final = store.read(version=version, step=step, split="heldout") if steps else []
   series: dict = {k: [] for k in SERIES}
   metrics_path = pathlib.Path(workdir) / "metrics.jsonl"
   if metrics_path.exists():

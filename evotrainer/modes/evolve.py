@@ -21,7 +21,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            branch_timeout_s: float = 1800, resume_from: str | None = None,
            backtest: bool = True, control: bool = True, mode: str = "evolve",
            task=None, domain: str = "math", validators: list | None = None,
-           diagnostics: list | None = None, continue_steps: int = 0, relative_health: bool = False,
+           diagnostics: list | None = None, continue_steps: int = 0,
+           continue_keeps_best: bool = False, relative_health: bool = False,
            command_line: CommandLine | None = None) -> dict | None:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
@@ -53,6 +54,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
       more RL steps unchanged as version `v<g>.x`, promoted unless it is worse than its
       parent beyond noise or a validator fails (0: no continuation). The generation's
       trials (`branch_steps`) decide what to keep; the continuation deepens the lineage.
+    continue_keeps_best: the continuation ends on its best validated state, not its last
+      (`train.keep_best` in its child; its evaluations every `train.eval_every` steps).
     mode: 'evolve', or 'sweep' (run.mode).
     task: the run's task (`run.task`, passed by `run`): its verifier and splits are
       checked before anything trains and on every escalation (eval/pipeline_check.py).
@@ -114,6 +117,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
                             else no_eval_check,
                             strict_verify=getattr(task, "strict_verify", None),
                             control=control, continue_steps=continue_steps,
+                            continue_keeps_best=continue_keeps_best,
                             relative_health=relative_health,
                             harness_builder=gin_harness_builder() if backtest else None)
     try:

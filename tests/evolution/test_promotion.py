@@ -600,6 +600,17 @@ def test_the_continuation_trains_the_winner_further_and_becomes_the_incumbent(tm
   assert {v["id"]: v["steps"] for v in s["versions"]}["v1.x"] == 10  # the trainer's count
 
 
+def test_a_continuation_that_keeps_its_best_state_asks_its_trainer_for_it(tmp_path):
+  trainer = RecordingShiftTrainer({"'rloo'": _shift(1.0, 0.1, 0.0)}, 0.15)
+  c, _, _ = make(tmp_path, {}, branches=1, generations=1, trainer=trainer,
+                 continue_steps=7, continue_keeps_best=True)
+  _one_knob(c, "Harness.estimator").run()
+  assert trainer.seen["v1.x"][0] == ["Harness.estimator = 'rloo'", "train.steps = 7",
+                                     "train.keep_best = True"]
+  for vid in ("v0", "v1.0", "v1.c"):  # trials and controls end on their last state
+    assert "train.keep_best = True" not in trainer.seen[vid][0]
+
+
 @pytest.mark.parametrize("effect,verdict", [
     ({"delta": -0.15}, "worse_beyond_noise"),
     ({"delta": -0.5}, "collapsed"),
