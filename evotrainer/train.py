@@ -239,7 +239,7 @@ def _wire(workdir: str, task, model, tokenizer, mesh, *, seed: int, prompts_per_
           group_size: int, harness: Harness, diagnostics: list, version: str,
           updates_per_batch: int, sampling: SamplingParams, eval_config: EvalConfig,
           max_to_keep: int, store_rollouts: bool, learner_factory: Callable[..., Learner],
-          recompute_old_logprobs: bool, keep_best: bool = False) -> _Segment:
+          recompute_old_logprobs: bool, keep_best: bool) -> _Segment:
   """Builds the learner, the sampler and rollout engine, and the run's writers."""
   paths.makedirs(workdir)
   vocab_limit = tokenizer.vocab_size if tokenizer.vocab_size < model.config.vocab_size else None

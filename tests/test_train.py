@@ -78,22 +78,20 @@ def test_resume_reproduces_an_uninterrupted_run(setup, tmp_path):
     np.testing.assert_allclose(np.asarray(va[...]), np.asarray(vb[...]), atol=1e-6)
 
 
-class ScriptedValidation:
+class ScriptedValidation(DigitShareTask):
   """DigitShareTask whose validation rows score by a script, one value per evaluation
   (its sampled call: problems x k rows; the greedy call reuses the value), so which
   evaluation is best is known by hand."""
 
   def __init__(self, task, script, k):
-    self.task, self.script, self.k = task, list(script), k
+    super().__init__(task)
+    self.script, self.k = list(script), k
     self.valid = {p.id for p in task.heldout_problems(split="validation")}
     self.value = None
 
-  def __getattr__(self, name):
-    return getattr(self.task, name)
-
   def score_many(self, problems, texts):
     if problems[0].id not in self.valid:
-      return self.task.score_many(problems, texts)
+      return super().score_many(problems, texts)
     if len(problems) % self.k == 0 and len(problems) > len({p.id for p in problems}):
       self.value = self.script.pop(0)
     return [{"correct": self.value, "format": 0.0} for _ in texts]
@@ -117,7 +115,7 @@ def _flat(params):
 def test_keep_best_ends_on_the_best_validated_state_across_a_resume(setup, tmp_path):
   from evotrainer.checkpoint import Checkpoints
   # evaluations at steps 0, 2, 4 (the first run's last), then 6 after the resume
-  task = ScriptedValidation(setup[0], [0.125, 0.5, 0.875, 0.25], k=2)
+  task = ScriptedValidation(setup[0].task, [0.125, 0.5, 0.875, 0.25], k=2)
   first = _run_keep_best(setup, task, tmp_path, steps=4)
   assert first["final_step"] == 4 and first["final"]["avg2"] == 0.875
   out = _run_keep_best(setup, task, tmp_path, steps=6)  # resumes at step 4

@@ -93,8 +93,8 @@ def branch_result(workdir, version, out, model_dir, store) -> BranchResult:
   lacks one), paths."""
   from evotrainer.eval.heldout import per_problem
   steps = store.steps(version, "heldout")
-  step = out.get("final_step") if out.get("final_step") in steps else (steps or [None])[-1]
-  final = store.read(version=version, step=step, split="heldout") if steps else []
+  step = out.get("final_step", steps[-1] if steps else None)
+  final = store.read(version=version, step=step, split="heldout") if step in steps else []
   series: dict = {k: [] for k in SERIES}
   metrics_path = pathlib.Path(workdir) / "metrics.jsonl"
   if metrics_path.exists():
