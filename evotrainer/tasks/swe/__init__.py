@@ -22,6 +22,8 @@ repository code only ever runs in the sandbox (`runner.py`).
               submit) on its checkout, and the call syntax (one ```tool JSON block a turn).
   hints.py    what a failed call's observation suggests: the closest lines to a missed
               search text, the nearest paths to a missing one.
+  pyedit.py   whole-function edits: a ```python block as the `edit_function` call
+              (`ToolConfig.code_edits`), and the function's source for the issue.
   git_tool.py the read-only `git` tool (off by default): checked command lines run in a
               sandbox cell on the episode's files and `.git`.
   episode.py  one episode's turns, budgets and stop reasons; its `info` record and reward

@@ -35,10 +35,11 @@ import numpy as np
 from evotrainer.harness.base import Report
 from evotrainer.harness.diagnostics import register
 from evotrainer.harness.diagnostics.base import ThresholdDiagnostic, evidence_of
+from evotrainer.tasks.swe import tools as tools_lib
 from evotrainer.types import Episode
 
 SEARCH_TOOLS = ("list_dir", "read_file", "grep")
-EDIT_TOOLS = ("search_replace",)
+EDIT_TOOLS = tools_lib.EDIT_TOOLS
 TEST_TOOLS = ("run_tests",)
 FILE_TOOLS = SEARCH_TOOLS + EDIT_TOOLS + TEST_TOOLS + ("submit",)  # they cannot run git
 

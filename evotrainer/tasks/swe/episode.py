@@ -39,10 +39,15 @@ class Budget:
     max_turns: model turns at most.
     max_errors: consecutive invalid calls that end the episode (`tool_error`).
     echo_k: consecutive identical calls that end the episode (`echo_trap`).
+    submit_after_edit: the harness submits for the model once an edit
+      (`tools.EDIT_TOOLS`) has changed a file: the episode stops as `submitted` and is
+      graded on that change (a stop rule for a policy that fixes but never calls
+      `submit`, and whose later turns could only undo the fix).
   """
   max_turns: int = 20
   max_errors: int = 3
   echo_k: int = 3
+  submit_after_edit: bool = False
 
 
 @dataclasses.dataclass
@@ -96,7 +101,9 @@ class SweEpisode:
 
   def _stop_reason(self) -> Optional[str]:
     last = self.turns[-1]
-    if last.ok and last.call is not None and last.call.name == "submit":
+    if last.ok and last.call is not None and (
+        last.call.name == "submit" or
+        self.budget.submit_after_edit and last.call.name in tools_lib.EDIT_TOOLS):
       return "submitted"
     k = self.budget.echo_k
     keys = [t.call.key() if t.call is not None else None for t in self.turns[-k:]]

@@ -28,7 +28,7 @@ import shutil
 import time
 from typing import Sequence
 
-from evotrainer.tasks.swe import mutate, repo as repo_lib, runner as runner_lib
+from evotrainer.tasks.swe import mutate, pyedit, repo as repo_lib, runner as runner_lib
 from evotrainer.tasks.swe.records import LEVELS, Mutation, SweTask
 from evotrainer.tasks.swe.sources import Source
 
@@ -194,6 +194,27 @@ def at_level(task: SweTask, level: int) -> SweTask:
     raise ValueError(f"{task.instance_id}: no mutation known, so no level below 2")
   return dataclasses.replace(task, level=level, problem_statement=level_statement(
       task.problem_statement, task.mutation, level))
+
+
+def with_code(task: SweTask, bugged: str) -> SweTask:
+  """`task` (level 0 or 1: the issue names the function) with the named function's
+  current source appended to its issue; `bugged` is the text of the task's mutated file
+  (`repo.mutant_files`). A level-2 task is returned as it is (its issue names no
+  function).
+
+  Raises:
+    ValueError: the function is not found in `bugged` around the bug's line.
+  """
+  if task.level == 2:
+    return task
+  m = task.mutation
+  site = pyedit.site_of(bugged, m.function, m.line)
+  if site is None:
+    raise ValueError(f"{task.instance_id}: no function {m.function!r} around line "
+                     f"{m.line} of {m.file}")
+  code = pyedit.source(bugged, site)
+  return dataclasses.replace(task, problem_statement=(
+      f"{task.problem_statement}\nThe function now reads:\n```python\n{code}\n```"))
 
 
 def _difficulty(kind: str, instance_id: str) -> str:

@@ -74,6 +74,10 @@ SYSTEM = ("Fix the bug. Each turn: one call as a ```tool block holding "
           '{"tool": NAME, "args": {...}}. Tools: list_dir(path), read_file(path, start, '
           "end), grep(pattern, path), search_replace(path, search, replace), "
           "run_tests(tests), submit().")
+# For `ToolConfig.code_edits` (pyedit.py): the fix as a function, the model's own idiom.
+SYSTEM_CODE = ("Fix the bug. Write the whole fixed function in one ```python block; it "
+               "replaces the function of that name in the repository.")
+gin.constant("tasks.swe.SYSTEM_CODE", SYSTEM_CODE)
 # The same with one example call, for a pretrained model new to the syntax.
 SYSTEM_EXAMPLE = (SYSTEM + " Example turn:\n```tool\n"
                   '{"tool": "read_file", "args": {"path": "pkg/module.py", "start": 1, '
@@ -320,7 +324,12 @@ class SweDomain:
     suite: a `SuiteRunner` to use (tests share one; None: the task makes its own).
     system: the system text that opens every episode: how to call the tools (`SYSTEM`;
       `SYSTEM_EXAMPLE` adds one example call, for a pretrained model that has not seen
-      the syntax: bench/swe_real.py measures first-turn validity under each).
+      the syntax: bench/swe_real.py measures first-turn validity under each;
+      `SYSTEM_CODE`, in gin `%tasks.swe.SYSTEM_CODE`, asks for the fixed function, for
+      `ToolConfig.code_edits`).
+    show_code: at levels 0 and 1, where the issue names the function, the issue also
+      shows the function's current source (`synth.with_code`; SWE-bench's oracle
+      retrieval shows the files a fix touches in the same way).
   """
 
   multi_turn = True
@@ -337,7 +346,8 @@ class SweDomain:
                max_output_chars: int = 600, budget: Optional[Budget] = None,
                checkout_options: Optional[Mapping] = None, oracle_context: int = 2,
                demonstrations: str = "oracle", workers: Optional[int] = None,
-               suite: Optional[runner_lib.SuiteRunner] = None, system: str = SYSTEM):
+               suite: Optional[runner_lib.SuiteRunner] = None, system: str = SYSTEM,
+               show_code: bool = False):
     if not isinstance(system, str) or not system.strip():
       raise ValueError(f"SweDomain.system={system!r}: expected the system text")
     bad = [d for d in difficulties if d not in DIFFICULTY_LEVEL]
@@ -392,14 +402,22 @@ class SweDomain:
       raise ValueError(f"SweDomain: no {'/'.join(empty)} tasks among {len(kept)} "
                        f"built tasks of difficulty {list(self.difficulties)}; raise "
                        f"SweDomain.max_tasks, add sources or difficulties")
+    self.show_code = show_code
     # Every task at every level: {problem id: the task at that level}.
     self.records = {leveled.level_id: leveled for t in kept for leveled in
-                    (synth_lib.at_level(t, level) for level in self.levels)}
-    self.splits = {s: [self._problem(synth_lib.at_level(t, level))
+                    (self._at_level(t, level) for level in self.levels)}
+    self.splits = {s: [self._problem(self.records[synth_lib.at_level(t, level).level_id])
                        for t in ts for level in self.levels] for s, ts in by_split.items()}
     self._work = pathlib.Path(tempfile.mkdtemp(prefix="swe-episodes-"))
 
   # ------------------------------------------------------------------ problems
+
+  def _at_level(self, task: records.SweTask, level: int) -> records.SweTask:
+    leveled = synth_lib.at_level(task, level)
+    if not self.show_code or level == 2:
+      return leveled
+    bugged = repo_lib.mutant_files(self.task_set.trees[task.repo], task)[task.mutation.file]
+    return synth_lib.with_code(leveled, bugged)
 
   def _problem(self, task: records.SweTask) -> Problem:
     return Problem(task.level_id, task.problem_statement, "resolved",

@@ -38,6 +38,13 @@ Tools (paths are relative to the repository root, "/" separated):
                                              task's test folders. Runs in a sandbox cell
                                              (`runner.SuiteRunner`), never on the host
   submit()                                   ends the episode; grading follows
+  edit_function(code, path=None)             only with `ToolConfig.code_edits`: the
+                                             code's one function replaces the
+                                             repository's function of that name (the
+                                             closest one where several share it), and
+                                             a ```python block defining a function is
+                                             this call when the turn has no ```tool
+                                             block (pyedit.py)
   git(command)                               only with `ToolConfig.git` (off by
                                              default: an unknown tool otherwise): a
                                              read-only git command line, e.g.
@@ -58,6 +65,7 @@ and `git` leave hard-linked files out of what they read. Every observation is ca
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import pathlib
@@ -65,7 +73,7 @@ import re
 import stat
 from typing import Optional, Sequence
 
-from evotrainer.tasks.swe import git_tool, hints
+from evotrainer.tasks.swe import git_tool, hints, pyedit
 from evotrainer.tasks.swe import repo as repo_lib
 from evotrainer.tasks.swe import runner as runner_lib
 
@@ -86,7 +94,10 @@ TOOL_ARGS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "submit": {},
 }
 TOOLS = tuple(TOOL_ARGS)
+EDIT_TOOLS = ("search_replace", "edit_function")  # the tools that change a file
 GIT_ARGS = {"command": ((str,), True)}  # the `git` tool, where `ToolConfig.git` is on
+# `edit_function`, where `ToolConfig.code_edits` is on (also written as a ```python block)
+EDIT_ARGS = {"code": ((str,), True), "path": ((str,), False)}
 
 
 class CallError(ValueError):
@@ -131,6 +142,10 @@ class ToolConfig:
       exactly one run of whole lines once each line's leading and trailing whitespace
       is ignored edits those lines (`indent_edit`), saying which and what it wrote.
       Off: the edit is refused and the hint shows the file's exact text.
+    code_edits: offer `edit_function(code, path)` (pyedit.py), and read a turn with no
+      ```tool block whose ```python block defines a function as that call: the block's
+      function replaces the repository's function of the same name. Off: a python
+      block is no call.
   """
   max_output_chars: int = 4000
   read_lines: int = 200
@@ -139,6 +154,7 @@ class ToolConfig:
   git: bool = False
   git_timeout_s: float = 10.0
   indent_tolerant: bool = False
+  code_edits: bool = False
 
   def __post_init__(self):
     if not self.git_timeout_s > 0:
@@ -146,7 +162,10 @@ class ToolConfig:
 
   def tool_args(self) -> dict[str, dict[str, tuple[tuple[type, ...], bool]]]:
     """The offered tools: {name: {argument: (types, required)}}."""
-    return {**TOOL_ARGS, "git": GIT_ARGS} if self.git else TOOL_ARGS
+    offered = {**TOOL_ARGS, "git": GIT_ARGS} if self.git else dict(TOOL_ARGS)
+    if self.code_edits:
+      offered["edit_function"] = EDIT_ARGS
+    return offered
 
 
 def call_text(name: str, **args) -> str:
@@ -164,6 +183,11 @@ def parse_call(text: str, tool_args: Optional[dict] = None) -> ToolCall:
       message tells the model what was expected.
   """
   blocks = FENCE.findall(text[:MAX_MODEL_CHARS])
+  offered = TOOL_ARGS if tool_args is None else tool_args
+  code = (pyedit.python_block(text[:MAX_MODEL_CHARS])
+          if not blocks and "edit_function" in offered else None)
+  if code is not None:
+    blocks = [json.dumps({"tool": "edit_function", "args": {"code": code}})]
   if not blocks:
     raise CallError('no tool call: write one block per turn:\n```tool\n'
                     '{"tool": NAME, "args": {...}}\n```')
@@ -182,7 +206,6 @@ def parse_call(text: str, tool_args: Optional[dict] = None) -> ToolCall:
   if extra:
     raise CallError(f"unknown key(s) {extra} in the call; only 'tool' and 'args'")
   name, args = obj["tool"], obj.get("args", {})
-  offered = TOOL_ARGS if tool_args is None else tool_args
   if name not in offered:
     raise CallError(f"unknown tool {name[:80]!r}; tools: {', '.join(offered)}")
   if not isinstance(args, dict):
@@ -382,6 +405,44 @@ class Workspace:
     line = text[:text.index(search)].count("\n") + 1
     return (f"replaced 1 occurrence in {self._rel(full)} at line {line}"
             f"{self._test_note(full)}")
+
+  def edit_function(self, code: str, path: Optional[str] = None) -> str:
+    try:
+      new = pyedit.parse_block(code)
+    except ValueError as e:
+      raise CallError(f"edit_function: {e}") from None
+    if path is None:
+      files = {rel: text for rel, text in self._files(self.root).items()
+               if rel.endswith(".py") and not repo_lib.is_test_path(rel, self.test_dirs)}
+    else:
+      files = {self._rel(self._text(path)[0]): self._text(path)[1]}
+    candidates, names = [], set()
+    for rel, text in sorted(files.items()):
+      try:
+        sites = pyedit.functions(text)
+      except ValueError:
+        continue
+      names.update(s.name for s in sites)
+      candidates += [(rel, s, pyedit.source(text, s)) for s in sites if s.name == new.name]
+    if not candidates:
+      near = difflib.get_close_matches(new.name, sorted(names), n=5)
+      raise CallError(f"edit_function: no function named {new.name!r} in "
+                      f"{path or 'the non-test Python files'}" +
+                      (f"; close names: {', '.join(near)}" if near else ""))
+    try:
+      rel, site = pyedit.closest(candidates, new)
+      full, text = self._text(rel)
+      new_text = pyedit.replace(text, site, new)
+    except ValueError as e:
+      raise CallError(f"edit_function: {e}") from None
+    if new_text == text:
+      raise CallError(f"edit_function: `{site.qualname}` in {rel} already reads so; "
+                      f"nothing was changed (write the fixed function)")
+    full.write_text(new_text, encoding="utf-8")
+    left = (f"; {new.left_out} other statement(s) of the block left out"
+            if new.left_out else "")
+    return (f"replaced function `{site.qualname}` in {rel} (lines {site.start}-{site.end})"
+            f"{left}{self._test_note(full)}:\n{pyedit.diff(text, new_text, rel)}")
 
   def _test_note(self, full: pathlib.Path) -> str:
     return (" (a test file: changes to test files are not graded)"

@@ -165,3 +165,27 @@ def test_the_levels_knob_is_read_from_gin(monkeypatch, tmp_path):
   assert [p.id for p in d.splits["validation"]] == ["v-0-L1", "v-0", "v-1-L1", "v-1"]
   assert d.splits["validation"][0].prompt == (
       "issue c\nThe bug is in the function `f_v-0` of `toylib/__init__.py`.")
+
+
+def test_show_code_is_read_from_gin_and_shows_the_bugged_function(monkeypatch, tmp_path,
+                                                                  toy_tree):
+  import gin
+  from evotrainer.tasks.swe import task as task_lib
+  tasks = [dataclasses.replace(ADD_TASK, instance_id=i, split=s, problem_statement=f"{i} fails")
+           for i, s in (("a", "train"), ("v", "validation"), ("t", "test"))]
+  task_set = task_lib.TaskSet(tasks, {ADD_TASK.repo: str(toy_tree)},
+                              {ADD_TASK.repo: ("tests",)},
+                              {t.instance_id: [[" turn", "ok"]] for t in tasks}, {})
+  monkeypatch.setattr(task_lib, "build_task_set", lambda *a, **k: task_set)
+  gin.parse_config("SweDomain.levels = [0, 1, 2]\nSweDomain.show_code = True")
+  try:
+    d = task_lib.SweDomain(suite=object(), cache_dir=str(tmp_path))
+  finally:
+    gin.clear_config()
+  shown = "The function now reads:\n```python\ndef add(a, b):\n    return a - b\n```"
+  l0, l1, l2 = d.splits["test"]
+  named = "t fails\nThe bug is in the function `add` of `toylib/__init__.py`."
+  assert l0.prompt == named + "\nThe faulty line is line 5: `return a - b`\n" + shown
+  assert l1.prompt == named + "\n" + shown
+  assert l2.prompt == "t fails"
+  assert d.records["t-L0"].problem_statement == l0.prompt
