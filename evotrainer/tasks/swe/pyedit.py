@@ -87,7 +87,7 @@ def functions(text: str) -> list[FunctionSite]:
   Raises:
     ValueError: `text` does not parse.
   """
-  found = []
+  found, lines = [], text.splitlines()
 
   def visit(node: ast.AST, scope: tuple[str, ...]) -> None:
     for child in ast.iter_child_nodes(node):
@@ -95,9 +95,9 @@ def functions(text: str) -> list[FunctionSite]:
         inner = scope + (child.name,)
         if not isinstance(child, ast.ClassDef):
           start = min([d.lineno for d in child.decorator_list] + [child.lineno])
-          line = text.splitlines()[child.lineno - 1]
+          indent = lines[child.lineno - 1][:child.col_offset]
           found.append(FunctionSite(".".join(inner), child.name, start, child.lineno,
-                                    child.end_lineno, line[:child.col_offset]))
+                                    child.end_lineno, indent))
         visit(child, inner)
       else:
         visit(child, scope)
@@ -150,16 +150,17 @@ def parse_block(code: str) -> NewFunction:
 def closest(candidates: Sequence[tuple[str, FunctionSite, str]], new: NewFunction
             ) -> tuple[str, FunctionSite]:
   """Of (path, site, current source) candidates sharing the new function's name, the
-  one whose source is closest to the new code.
+  one whose source is closest to the new code (the only one is taken unscored).
 
   Raises:
     ValueError: none, or no candidate is closer than the next by `MARGIN`.
   """
   if not candidates:
     raise ValueError(f"no function named {new.name!r}")
+  if len(candidates) == 1:
+    return candidates[0][:2]
   scored = sorted(((difflib.SequenceMatcher(None, old, new.code, autojunk=False).ratio(),
-                    path, site) for path, site, old in candidates),
-                  key=lambda c: -c[0])
+                    path, site) for path, site, old in candidates), key=lambda c: -c[0])
   if len(scored) > 1 and scored[0][0] - scored[1][0] < MARGIN:
     places = ", ".join(f"{p}:{s.def_line} ({s.qualname})" for _, p, s in scored[:6])
     raise ValueError(f"{len(scored)} functions are named {new.name!r} and the code is "
