@@ -65,6 +65,6 @@ def test_every_domain_and_arm_names_an_existing_gin_file_and_its_own_section():
   from bench.real_rl import GIN, SECTION
   repo = pathlib.Path(__file__).resolve().parents[2]
   assert set(GIN) == set(SECTION) == {(d, a) for d in ("code", "math")
-                                      for a in ("rl", "evolve")}
+                                      for a in ("rl", "evolve")} | {("swe", "rl")}
   assert all((repo / g).is_file() for g in GIN.values())
   assert len(set(SECTION.values())) == len(SECTION)
