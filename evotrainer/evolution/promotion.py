@@ -8,9 +8,10 @@ when it beats its reference (the control, else the parent) beyond noise after Ho
 correction over the generation's branches, is not below the parent, and passes every
 active validator; the best such branch becomes the incumbent. With
 `VerifyConfig.keep_on = 'mean'` a branch needs only a higher validation mean than its
-reference (and the parent): its steps already trained the lineage further, so without
-evidence that it is worse it is not thrown away; validators still veto, and such a
-keep teaches no skill (its evidence is within noise). A branch whose per-problem
+reference (and the parent), and with `'not_worse'` a mean at least as high (a tie too):
+its steps already trained the lineage further, so without evidence that it is worse it
+is not thrown away; validators still veto, and such a keep teaches no skill (its
+evidence is within noise). A branch whose per-problem
 results equal the control's is inert: its knob never acted. When no change is kept and
 the control beats the parent beyond noise, the control (continued training) is promoted;
 otherwise it is pruned. Each outcome is one verdict (`Promotion._verdict`) with its
@@ -46,7 +47,7 @@ CONTINUE = {"id": "continue", "continuation": True,
             "description": "continuation: the incumbent trained further unchanged"}
 
 # What a branch must beat its reference by to be kept (`VerifyConfig.keep_on`).
-KEEP_ON = ("beyond_noise", "mean")
+KEEP_ON = ("beyond_noise", "mean", "not_worse")
 
 # Verdicts that refute a change (`_verdict`): the controller never proposes it again
 # from a descendant that still holds the value it changed (proposal.excluded).
@@ -70,10 +71,12 @@ class VerifyConfig:
       never veto a control or continuation; False: every failed validator vetoes. Set
       by `evolve.relative_health`.
     keep_on: what a branch must beat its reference (the control, else the parent) by:
-      'beyond_noise' (the paired interval above 0 after Holm's correction) or 'mean'
+      'beyond_noise' (the paired interval above 0 after Holm's correction), 'mean'
       (a higher validation mean; for budgets whose validation split cannot separate the
-      differences RL steps make, where rejecting a branch discards its steps). Either
-      way a kept branch is not below the parent and passes every validator.
+      differences RL steps make, where rejecting a branch discards its steps) or
+      'not_worse' (a mean at least as high: a tie keeps the branch's steps too). A kept
+      branch is never below the parent ('not_worse': never below it either, a tie
+      allowed) and passes every validator.
   """
   alpha: float = 0.05
   bootstrap_n: int = 2000
@@ -129,13 +132,16 @@ def passes(x: Mapping, keep_on: str = "beyond_noise") -> bool:
   `keep_on`: see `VerifyConfig`."""
   if x["failed"] or x.get("inert"):
     return False
-  better = beyond_noise(x) if keep_on == "beyond_noise" else x.get("vs_control", x)["diff"] > 0
+  def ahead(diff: float) -> bool:
+    return diff >= 0 if keep_on == "not_worse" else diff > 0
+  better = beyond_noise(x) if keep_on == "beyond_noise" else ahead(x.get("vs_control", x)["diff"])
   # Credited against continuing when there is a control; never below the incumbent.
-  return better and ("vs_control" not in x or x["diff"] > 0)
+  return better and ("vs_control" not in x or ahead(x["diff"]))
 
 
 def _weak_keep(x: Mapping) -> bool:
-  """A branch kept on its mean alone (`keep_on='mean'`), not beyond noise."""
+  """A branch kept on its mean alone (`keep_on` 'mean' or 'not_worse'), not beyond
+  noise."""
   return x.get("verdict") == "kept" and not x.get("control") and not beyond_noise(x)
 
 
@@ -426,7 +432,8 @@ class Promotion:
         "validator": lambda: validator_rejection(x, ci),
         "inert": lambda: (f"inert: per-problem validation results equal those of the "
                           f"control {vc['version']} (the change never acted)"),
-        "kept": lambda: (f"kept on the mean (keep_on='mean'), not beyond noise: "
+        "kept": lambda: (f"kept on the mean (keep_on={self.config.keep_on!r}), not "
+                         f"beyond noise: "
                          f"{ci}{cci}; validators pass; no skill learned" if _weak_keep(x)
                          else f"kept: beats {ref}; Holm-corrected over {k} branches)"
                          f"{'; ' + ci if vc else ''}; validators pass"),

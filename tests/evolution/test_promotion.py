@@ -101,6 +101,27 @@ def test_keep_on_mean_keeps_a_gain_inside_the_noise_and_learns_no_skill(tmp_path
       assert ledger.incumbent().id == "v0"
 
 
+def test_keep_on_not_worse_keeps_a_tie_that_mean_rejects(tmp_path):
+  """A branch whose validation mean equals its control's (+1/8 on half the problems,
+  -1/8 on the rest: exact in floating point, as Avg@8 scores are): `keep_on='mean'`
+  rejects it (its steps are lost), `'not_worse'` keeps it; both reject a loss."""
+  base = {p: (i % 8) / 8 for i, p in enumerate(PROBLEMS)}
+  tie, loss = _shift(0.5, 0.125, 0.125), _shift(0.5, 0.125, 0.25)
+  for name, keep_on, shift, kept in (("mean", "mean", tie, False),
+                                     ("tie", "not_worse", tie, True),
+                                     ("loss", "not_worse", loss, False)):
+    c, ledger, _ = make(tmp_path, {}, name=name, trainer=ShiftTrainer({"'rloo'": shift}, base),
+                        branches=1, proposer="random", keep_on=keep_on)
+    _one_knob(c, "Harness.estimator").run()
+    v = ledger.version("v1.0")
+    assert v.heldout["diff"] == (0.0 if shift is tie else -0.0625)
+    assert (v.status == "kept") is kept, (name, v.reason)
+    assert ledger.incumbent().id == ("v1.0" if kept else "v0")
+    if kept:
+      assert v.reason.startswith("kept on the mean (keep_on='not_worse'), not beyond noise")
+      assert _learned(tmp_path, name) == []
+
+
 def test_keep_on_mean_still_credits_a_change_against_its_control(tmp_path):
   # Continuing gains +0.15; 'rloo' loses 0.002 on average against the control: not kept.
   c, ledger, _ = make(tmp_path, {}, trainer=ContinueTrainer(
