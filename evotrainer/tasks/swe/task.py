@@ -403,6 +403,7 @@ class SweDomain:
                        f"built tasks of difficulty {list(self.difficulties)}; raise "
                        f"SweDomain.max_tasks, add sources or difficulties")
     self.show_code = show_code
+    self._pristine: dict[str, dict[str, str]] = {}  # {repo: its pristine files}
     # Every task at every level: {problem id: the task at that level}.
     self.records = {leveled.level_id: leveled for t in kept for leveled in
                     (self._at_level(t, level) for level in self.levels)}
@@ -427,8 +428,15 @@ class SweDomain:
                     "instance_id": task.instance_id})
 
   def _segments(self, problem_id: str) -> list[tuple[str, bool]]:
-    # One oracle episode per task, whatever the level.
-    turns = self.task_set.transcripts[self.records[problem_id].instance_id]
+    # One oracle episode per task, whatever the level: with code edits its one
+    # whole-function edit (the harness submits after it), else its cached tool episode.
+    task = self.records[problem_id]
+    if self.tool_config.code_edits:
+      if task.repo not in self._pristine:
+        self._pristine[task.repo] = runner_lib.repo_files(self.task_set.trees[task.repo])
+      pristine = self._pristine[task.repo][task.mutation.file]
+      return [(self.chat.turn(agents.oracle_code_turn(task, pristine)), True)]
+    turns = self.task_set.transcripts[task.instance_id]
     out = []
     for i, (turn, obs) in enumerate(turns):
       # The oracle's turns are cached in the plain layout (with its leading space).
