@@ -167,7 +167,7 @@ def test_the_levels_knob_is_read_from_gin(monkeypatch, tmp_path):
       "issue c\nThe bug is in the function `f_v-0` of `toylib/__init__.py`.")
 
 
-def test_show_code_is_read_from_gin_and_shows_the_bugged_function(monkeypatch, tmp_path,
+def test_show_code_and_code_edits_are_read_from_gin(monkeypatch, tmp_path,
                                                                   toy_tree):
   import gin
   from evotrainer.tasks.swe import task as task_lib
@@ -177,7 +177,8 @@ def test_show_code_is_read_from_gin_and_shows_the_bugged_function(monkeypatch, t
                               {ADD_TASK.repo: ("tests",)},
                               {t.instance_id: [[" turn", "ok"]] for t in tasks}, {})
   monkeypatch.setattr(task_lib, "build_task_set", lambda *a, **k: task_set)
-  gin.parse_config("SweDomain.levels = [0, 1, 2]\nSweDomain.show_code = True")
+  gin.parse_config("SweDomain.levels = [0, 1, 2]\nSweDomain.show_code = True\n"
+                   "SweDomain.tool_config = @ToolConfig()\nToolConfig.code_edits = True")
   try:
     d = task_lib.SweDomain(suite=object(), cache_dir=str(tmp_path))
   finally:
@@ -189,3 +190,6 @@ def test_show_code_is_read_from_gin_and_shows_the_bugged_function(monkeypatch, t
   assert l1.prompt == named + "\n" + shown
   assert l2.prompt == "t fails"
   assert d.records["t-L0"].problem_statement == l0.prompt
+  # With code edits the oracle's episode is its one whole-function edit, at every level.
+  fix = " I fix the faulty line.\n```python\ndef add(a, b):\n    return a + b\n```"
+  assert l0.solution == l1.solution == l2.solution == fix

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evotrainer.tasks.swe import episode as episode_lib
-from evotrainer.tasks.swe import pyedit, repo, synth, tools
+from evotrainer.tasks.swe import agents, pyedit, repo, synth, tools
 
 from tests.fuzz_text import FUZZ, model_text, within
 from tests.tasks.swe.conftest import ADD_TASK, TOY, TOY_LIB, write_toy
@@ -208,6 +208,19 @@ def test_a_fix_written_as_a_function_resolves_when_graded(toy_tree, suite, tmp_p
   ws = tools.Workspace(wrong, suite, TOY.tests, tools.ToolConfig(code_edits=True))
   episode_lib.SweEpisode(ws).step(FIX.replace("a + b", "b - a"))
   assert not repo.grade(ADD_TASK, toy_tree, wrong, suite, TOY.tests).resolved
+
+
+def test_the_oracle_as_one_function_edit_resolves(toy_tree, suite, tmp_path):
+  turn = agents.oracle_code_turn(ADD_TASK, TOY_LIB)
+  assert turn == "I fix the faulty line.\n```python\ndef add(a, b):\n    return a + b\n```"
+  repo.checkout(toy_tree, ADD_TASK, tmp_path / "ep")
+  ws = tools.Workspace(tmp_path / "ep", suite, TOY.tests, tools.ToolConfig(code_edits=True))
+  ep = episode_lib.SweEpisode(ws, episode_lib.Budget(submit_after_edit=True))
+  ep.step(turn)
+  assert ep.stop == "submitted"
+  assert repo.grade(ADD_TASK, toy_tree, tmp_path / "ep", suite, TOY.tests).resolved
+  with pytest.raises(ValueError, match="no function 'add' around line 5"):
+    agents.oracle_code_turn(ADD_TASK, "x = 1\n")
 
 
 def test_show_code_puts_the_named_function_in_the_issue_at_levels_0_and_1():
