@@ -190,7 +190,9 @@ def parse_call(text: str, tool_args: Optional[dict] = None) -> ToolCall:
     blocks = [json.dumps({"tool": "edit_function", "args": {"code": code}})]
   if not blocks:
     raise CallError('no tool call: write one block per turn:\n```tool\n'
-                    '{"tool": NAME, "args": {...}}\n```')
+                    '{"tool": NAME, "args": {...}}\n```' +
+                    ("\nor the whole fixed function in one ```python block"
+                     if "edit_function" in offered else ""))
   if len(blocks) > 1:
     raise CallError(f"{len(blocks)} tool blocks in one turn; write exactly one")
   body = blocks[0].strip()
@@ -415,7 +417,8 @@ class Workspace:
       files = {rel: text for rel, text in self._files(self.root).items()
                if rel.endswith(".py") and not repo_lib.is_test_path(rel, self.test_dirs)}
     else:
-      files = {self._rel(self._text(path)[0]): self._text(path)[1]}
+      full, text = self._text(path)
+      files = {self._rel(full): text}
     candidates, names = [], set()
     for rel, text in sorted(files.items()):
       try:

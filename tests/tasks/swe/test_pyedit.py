@@ -131,8 +131,11 @@ def test_a_python_block_is_the_edit_call_only_where_offered():
       "edit_function", {"code": "def add(a, b):\n    return a + b\n"})
   # A ```tool block wins over a python block; without code_edits a python block is no call.
   assert tools.parse_call(FIX + call("submit"), code_tools).name == "submit"
-  with pytest.raises(tools.CallError, match="no tool call"):
+  with pytest.raises(tools.CallError, match="no tool call") as refused:
     tools.parse_call(FIX)
+  assert "python" not in str(refused.value)
+  with pytest.raises(tools.CallError, match="or the whole fixed function in one ```python"):
+    tools.parse_call("I would change the sign.", code_tools)
   with pytest.raises(tools.CallError, match="unknown tool 'edit_function'"):
     tools.parse_call(call("edit_function", code="def add(a, b):\n  return 0\n"))
   assert tools.parse_call(call("edit_function", code="x", path="a.py"), code_tools).args == {
