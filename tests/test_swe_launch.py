@@ -101,6 +101,14 @@ def test_swe_smol_code_gin_offers_whole_function_edits(parsed):
   assert gin.get_configurable("tasks.swe.Budget")().submit_after_edit is True
 
 
+def test_swe_smol_code_warm_gin_warm_starts_on_the_oracles_edits(parsed):
+  parsed(["gin/swe_smol_code_warm.gin"])
+  assert gin.query_parameter("run.warm_start") is True
+  assert gin.query_parameter("warm_start.steps") == 100
+  assert gin.query_parameter("warm_start.target_validity") is None  # a fixed number of steps
+  assert gin.get_configurable("tasks.swe.ToolConfig")().code_edits is True
+
+
 @pytest.mark.slow
 @needs_smollm2
 def test_launch_swe_smol_code_on_the_toy_library(tmp_path):
