@@ -82,11 +82,11 @@ def oracle_code_turn(task: SweTask, pristine: str) -> str:
   m = task.mutation
   if m is None:
     raise ValueError(f"{task.instance_id}: no mutation known; the oracle cannot act")
-  site = pyedit.site_of(pristine, m.function, m.line)
-  if site is None:
-    raise ValueError(f"{task.instance_id}: no function {m.function!r} around line "
-                     f"{m.line} of the pristine {m.file}")
-  return f"I fix the faulty line.\n```python\n{pyedit.source(pristine, site)}\n```"
+  try:
+    code = pyedit.named_source(pristine, m.function, m.line)
+  except ValueError as e:
+    raise ValueError(f"{task.instance_id}: {e} of the pristine {m.file}") from None
+  return f"I fix the faulty line.\n```python\n{code}\n```"
 
 
 def random_agent(repo_dir: os.PathLike | str, rng: random.Random, edits: int = 3,

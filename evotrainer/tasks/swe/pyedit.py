@@ -112,6 +112,18 @@ def site_of(text: str, qualname: str, line: int) -> Optional[FunctionSite]:
   return max(inside, key=lambda s: s.start) if inside else None
 
 
+def named_source(text: str, qualname: str, line: int) -> str:
+  """The source (`source`) of the innermost function `qualname` around `line`.
+
+  Raises:
+    ValueError: there is no such function.
+  """
+  site = site_of(text, qualname, line)
+  if site is None:
+    raise ValueError(f"no function {qualname!r} around line {line}")
+  return source(text, site)
+
+
 def source(text: str, site: FunctionSite) -> str:
   """The site's lines, decorators included, dedented to column 0."""
   return textwrap.dedent("\n".join(text.splitlines()[site.start - 1:site.end]))

@@ -208,11 +208,10 @@ def with_code(task: SweTask, bugged: str) -> SweTask:
   if task.level == 2:
     return task
   m = task.mutation
-  site = pyedit.site_of(bugged, m.function, m.line)
-  if site is None:
-    raise ValueError(f"{task.instance_id}: no function {m.function!r} around line "
-                     f"{m.line} of {m.file}")
-  code = pyedit.source(bugged, site)
+  try:
+    code = pyedit.named_source(bugged, m.function, m.line)
+  except ValueError as e:
+    raise ValueError(f"{task.instance_id}: {e} of {m.file}") from None
   return dataclasses.replace(task, problem_statement=(
       f"{task.problem_statement}\nThe function now reads:\n```python\n{code}\n```"))
 

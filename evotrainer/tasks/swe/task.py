@@ -377,6 +377,10 @@ class SweDomain:
                        "repository's history: it needs ToolConfig.git = True and "
                        "SweDomain.checkout_options = {'keep_history': True} "
                        "(gin/swe_leaky.gin)")
+    if demonstrations != "oracle" and self.tool_config.code_edits:
+      raise ValueError(f"SweDomain.demonstrations={demonstrations!r} with "
+                       "ToolConfig.code_edits: the demonstrations are then the oracle's "
+                       "whole-function edits; use 'oracle'")
     self.budget = budget or Budget()
     self.max_turns = self.budget.max_turns  # checked against TurnBudget.max_turns
     self.system = system

@@ -193,3 +193,12 @@ def test_show_code_and_code_edits_are_read_from_gin(monkeypatch, tmp_path,
   # With code edits the oracle's episode is its one whole-function edit, at every level.
   fix = " I fix the faulty line.\n```python\ndef add(a, b):\n    return a + b\n```"
   assert l0.solution == l1.solution == l2.solution == fix
+
+
+def test_code_edits_refuse_other_demonstrations(tmp_path):
+  from evotrainer.tasks.swe import task as task_lib
+  from evotrainer.tasks.swe.tools import ToolConfig
+  with pytest.raises(ValueError, match="demonstrations='history' with ToolConfig.code_edits"):
+    task_lib.SweDomain(suite=object(), cache_dir=str(tmp_path), demonstrations="history",
+                       tool_config=ToolConfig(git=True, code_edits=True),
+                       checkout_options={"keep_history": True})
