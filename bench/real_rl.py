@@ -5,7 +5,8 @@ and the evolution, each scored on the test split before and after.
   python bench/real_rl.py --arm evolve --seeds 0,1 # gin/code_smol.gin
   python bench/real_rl.py --domain math --arm rl   # gin/math_smol_train.gin
   python bench/real_rl.py --domain math --arm evolve  # gin/math_smol.gin
-  python bench/real_rl.py --domain swe --arm rl    # gin/swe_smol_code.gin
+  python bench/real_rl.py --domain swe --arm rl --gin_bindings "SweDomain.levels = [1]"
+                                                   # gin/swe_smol_code_warm.gin
   python bench/real_rl.py --arm rl --gin_bindings 'train.steps = 2' \
       --json /tmp/smoke.json --workdir /tmp/smoke  # a smoke run of the path
 
@@ -37,8 +38,10 @@ keys, e.g. bench/real_model.py's, are kept):
   math_evolution, math_evolution_versions, math_evolution_minutes   the `evolve` arm of
                      `--domain math` (gin/math_smol.gin)
   swe_rl, swe_rl_test_pass1, swe_rl_minutes   the `rl` arm of `--domain swe`
-                     (gin/swe_smol_code.gin: whole-function edits), its `test_figures`
-                     holding the resolve rate per issue level (`avg<k>_level<L>`)
+                     (gin/swe_smol_code_warm.gin: whole-function edits after the warm
+                     start on the oracle's edits, the policy with resolve signal; the
+                     base model resolves none), its `test_figures` holding the resolve
+                     rate per issue level (`avg<k>_level<L>`) where several are trained
   math_rl, math_rl_test_pass1, math_rl_minutes   the `rl` arm of `--domain math`, with
                      `base_model_test`: the base model's test Avg@8 on the run's rung,
                      read from bench/real_model.py's `math_base_test_pass1` in the same
@@ -65,7 +68,7 @@ from bench.evolve_arms import base_arm, static_arm  # noqa: E402
 # (domain, arm) -> the gin file it launches, and the JSON section it writes.
 GIN = {("code", "rl"): "gin/code_smol_train.gin", ("code", "evolve"): "gin/code_smol.gin",
        ("math", "rl"): "gin/math_smol_train.gin", ("math", "evolve"): "gin/math_smol.gin",
-       ("swe", "rl"): "gin/swe_smol_code.gin"}
+       ("swe", "rl"): "gin/swe_smol_code_warm.gin"}
 SECTION = {("code", "rl"): "code_rl", ("code", "evolve"): "evolution",
            ("math", "rl"): "math_rl", ("math", "evolve"): "math_evolution",
            ("swe", "rl"): "swe_rl"}
