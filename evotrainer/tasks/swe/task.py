@@ -421,8 +421,16 @@ class SweDomain:
     leveled = synth_lib.at_level(task, level)
     if not self.show_code or level == 2:
       return leveled
-    bugged = repo_lib.mutant_files(self.task_set.trees[task.repo], task)[task.mutation.file]
+    m = task.mutation
+    bugged = repo_lib.search_replace(self._pristine_file(task), m.search, m.replace,
+                                     f"{task.instance_id}: {m.file}")
     return synth_lib.with_code(leveled, bugged)
+
+  def _pristine_file(self, task: records.SweTask) -> str:
+    """The text of the task's mutated file in the pristine tree (each tree read once)."""
+    if task.repo not in self._pristine:
+      self._pristine[task.repo] = runner_lib.repo_files(self.task_set.trees[task.repo])
+    return self._pristine[task.repo][task.mutation.file]
 
   def _problem(self, task: records.SweTask) -> Problem:
     return Problem(task.level_id, task.problem_statement, "resolved",
@@ -436,10 +444,8 @@ class SweDomain:
     # whole-function edit (the harness submits after it), else its cached tool episode.
     task = self.records[problem_id]
     if self.tool_config.code_edits:
-      if task.repo not in self._pristine:
-        self._pristine[task.repo] = runner_lib.repo_files(self.task_set.trees[task.repo])
-      pristine = self._pristine[task.repo][task.mutation.file]
-      return [(self.chat.turn(agents.oracle_code_turn(task, pristine)), True)]
+      return [(self.chat.turn(agents.oracle_code_turn(task, self._pristine_file(task))),
+               True)]
     turns = self.task_set.transcripts[task.instance_id]
     out = []
     for i, (turn, obs) in enumerate(turns):

@@ -187,7 +187,10 @@ def parse_call(text: str, tool_args: Optional[dict] = None) -> ToolCall:
   code = (pyedit.python_block(text[:MAX_MODEL_CHARS])
           if not blocks and "edit_function" in offered else None)
   if code is not None:
-    blocks = [json.dumps({"tool": "edit_function", "args": {"code": code}})]
+    if len(code) > MAX_CALL_CHARS:
+      raise CallError(f"the python block has {len(code)} characters (at most "
+                      f"{MAX_CALL_CHARS})")
+    return ToolCall("edit_function", {"code": code})
   if not blocks:
     raise CallError('no tool call: write one block per turn:\n```tool\n'
                     '{"tool": NAME, "args": {...}}\n```' +
