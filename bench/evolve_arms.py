@@ -101,16 +101,19 @@ def total_steps(generations: int, branches: int, branch_steps: int, control: boo
 def arm_launches(domain: str, seed: int, generations: int, branches: int, branch_steps: int,
                  control: bool, extra: Sequence[str] = (), continue_steps: int = 0,
                  group_filter: Optional[str] = None,
-                 lineage_steps: Optional[int] = None) -> dict:
+                 lineage_steps: Optional[int] = None,
+                 evolve_extra: Sequence[str] = ()) -> dict:
   """arm -> (gin files, bindings) of its `evotrainer.launch` command, and `total_steps`,
-  the RL steps every arm trains. best_static_filter is there when `group_filter` (a name
+  the RL steps every arm trains. `extra` bindings go to every arm, `evolve_extra` to the
+  evolution arms only (controller knobs: the fixed-harness arms' commands, and so their
+  finished runs, stay the same). best_static_filter is there when `group_filter` (a name
   in FILTERS) is given, static_lineage when `lineage_steps` is; base launches nothing."""
   d = DOMAINS[domain]
   total = total_steps(generations, branches, branch_steps, control, continue_steps)
   common = [f"run.seed = {seed}", *extra]
   evo = [f"evolve.generations = {generations}", f"evolve.branches = {branches}",
          f"evolve.branch_steps = {branch_steps}", f"evolve.control = {control}",
-         f"evolve.continue_steps = {continue_steps}"]
+         f"evolve.continue_steps = {continue_steps}", *evolve_extra]
   every = max(branch_steps, continue_steps)
 
   def static(steps: int, *more: str) -> tuple:

@@ -5,6 +5,8 @@ equal total RL steps, scored on the test split.
   python -m bench.evolve_vs_static --domain code --json out.json
   python -m bench.evolve_vs_static --domain code_smol --seeds 0,1,2 --json out.json
   python -m bench.evolve_vs_static --arms static,evotrainer,static_lineage --json out.json
+  python -m bench.evolve_vs_static --domain code_smol --arms static,evotrainer \
+      --evolve_gin_bindings "VerifyConfig.keep_on = 'not_worse'" --json out.json
 
 Domains: `math` and `code` (the tiny from-scratch model, gin/math*.gin, gin/code*.gin) and
 `code_smol` (the pretrained SmolLM2-135M-Instruct, gin/code_smol_train.gin and
@@ -92,6 +94,11 @@ def _args(argv):
                        "seed)")
   ap.add_argument("--gin_bindings", action="append", default=[],
                   help="extra bindings for every arm (e.g. a smaller eval for a smoke run)")
+  ap.add_argument("--evolve_gin_bindings", action="append", default=[],
+                  help="extra bindings for the evolution arms only (evotrainer, "
+                       "recipe_search), e.g. a controller knob such as "
+                       "\"VerifyConfig.keep_on = 'not_worse'\"; the fixed-harness arms' "
+                       "commands are unchanged, so their finished runs are read back")
   ap.add_argument("--arms", default=",".join(ARMS),
                   help=f"comma-separated subset of {','.join(ARMS)} (static always runs; "
                        f"static_lineage brings evotrainer)")
@@ -123,7 +130,8 @@ class Bench:
   def launches(self, seed: int, **kw) -> dict:
     a = self.args
     return arm_launches(a.domain, seed, a.generations, a.branches, a.branch_steps,
-                        a.control, a.gin_bindings, a.continue_steps, **kw)
+                        a.control, a.gin_bindings, a.continue_steps,
+                        evolve_extra=a.evolve_gin_bindings, **kw)
 
   def run(self, name: str, launch: tuple) -> dict:
     """The summary of the run `name` (`<root>/<name>`), timed and announced."""
@@ -246,7 +254,8 @@ def main(argv=None) -> dict:
                     "continue_steps": args.continue_steps, "control": args.control,
                     "arms": args.arms, "clip_higher_is_static":
                         clip_higher_is_static(args.domain),
-                    "filters": FILTERS, "extra_bindings": args.gin_bindings},
+                    "filters": FILTERS, "extra_bindings": args.gin_bindings,
+                    "evolve_bindings": args.evolve_gin_bindings},
          "steps": {"total_per_arm": bench.launches(seeds[0])["total_steps"],
                    "static_lineage": {str(s): arms["static_lineage"][s]["rl_steps"]
                                       for s in seeds} if "static_lineage" in arms else None},

@@ -62,6 +62,21 @@ def test_code_arms_run_the_code_gin_files_at_equal_steps():
   assert "evolve.continue_steps = 75" in cont["evotrainer"][1]
 
 
+def test_evolve_bindings_reach_the_evolution_arms_only():
+  from bench.evolve_arms import arm_launches
+  knob = "VerifyConfig.keep_on = 'not_worse'"
+  kw = dict(seed=1, generations=2, branches=1, branch_steps=8, control=False,
+            lineage_steps=16)
+  plain = arm_launches("code_smol", **kw)
+  out = arm_launches("code_smol", evolve_extra=[knob], **kw)
+  for arm in ("evotrainer", "recipe_search"):
+    assert knob in out[arm][1] and knob not in plain[arm][1]
+  # The fixed-harness arms launch the very command they launched without it, so their
+  # finished runs are read back rather than rerun.
+  for arm in ("static", "clip_higher", "static_lineage"):
+    assert out[arm] == plain[arm] and knob not in out[arm][1]
+
+
 def _parsed(gin_files, bindings, names) -> dict:
   """{name: value} as `evotrainer.launch` would parse the command ('unbound' where the
   files and bindings leave a name unset)."""
