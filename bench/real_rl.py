@@ -41,7 +41,10 @@ keys, e.g. bench/real_model.py's, are kept):
                      (gin/swe_smol_code_warm.gin: whole-function edits after the warm
                      start on the oracle's edits, the policy with resolve signal; the
                      base model resolves none), its `test_figures` holding the resolve
-                     rate per issue level (`avg<k>_level<L>`) where several are trained
+                     rate per issue level (`avg<k>_level<L>`) where several are trained,
+                     and per seed `test_report` {initial, final}: what the test
+                     episodes did before and after RL (first-turn call validity, stop
+                     reasons, first-edit turn: SweDomain.test_report)
   math_rl, math_rl_test_pass1, math_rl_minutes   the `rl` arm of `--domain math`, with
                      `base_model_test`: the base model's test Avg@8 on the run's rung,
                      read from bench/real_model.py's `math_base_test_pass1` in the same
@@ -94,6 +97,7 @@ def rl_result(summary: dict) -> dict:
   return {f"{before}_test": base["test"], "rl_test": rl["test"],
           f"{before}_validation": base["validation"], "rl_validation": rl["validation"],
           "test_figures": {"initial": test["initial"], "final": test["final"]},
+          **({"test_report": test["report"]} if "report" in test else {}),
           "steps": summary["steps"], "minutes": round(summary["wall_s"] / 60, 1),
           "warm_start_minutes": None if warm_s is None else round(warm_s / 60, 1),
           "per_problem": rl["per_problem"], "per_problem_initial": base["per_problem"]}

@@ -32,6 +32,11 @@ the evaluation's own sampling (k episodes at temperature 1.0, and one greedy):
                    ('parsed') and runs without a tool error ('ran')
   stops            share of episodes per stop reason (submitted, tool_error, max_turns, ...)
   tools            calls per tool over all turns; the mean turn of the first edit
+                   (these per run in `base_runs`, overall and per level:
+                   `tasks.swe.diagnostics.episode_report`)
+  samples          per run and level, one episode (the first resolved one, else the
+                   first), its issue and transcript trimmed to the first 1500 and last
+                   500 characters
   machine, minutes load before and after, package versions, wall time
 
 Resumable per seed: a seed's result is written as soon as it exists, with the settings it
@@ -41,7 +46,6 @@ ran under; a rerun with the same settings skips it. Other keys of the file are k
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import sys
@@ -60,7 +64,7 @@ from evotrainer.learner.warmstart import warm_start  # noqa: E402
 from evotrainer.model.source import policy  # noqa: E402
 from evotrainer.rollouts import rollout_for  # noqa: E402
 from evotrainer.sampling import Sampler  # noqa: E402
-from evotrainer.tasks.swe import diagnostics as swe_diagnostics  # noqa: E402
+from evotrainer.tasks.swe.diagnostics import episode_report  # noqa: E402
 from evotrainer.tasks.swe.task import SYSTEM, SYSTEM_CODE, SYSTEM_EXAMPLE, SweDomain  # noqa: E402
 
 GIN = "gin/swe_smol_train.gin"
@@ -76,6 +80,7 @@ WARM_GIN = "gin/swe_smol_warm.gin"
 CODE_GIN = "gin/swe_smol_code.gin"
 CODE_WARM_GIN = "gin/swe_smol_code_warm.gin"
 CODE_GINS = (CODE_GIN, CODE_WARM_GIN)
+SAMPLE_HEAD, SAMPLE_TAIL = 1500, 500  # characters of a sample episode's texts kept
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -92,21 +97,26 @@ def run_key(args: argparse.Namespace, seed: int) -> str:
   return key if args.gin == GIN else f"{os.path.basename(args.gin)[:-4]}/{key}"
 
 
-def episode_stats(episodes) -> dict:
-  """First-turn validity, stop reasons, tool counts and first-edit turn of `episodes`."""
-  infos = [ep.info or {} for ep in episodes]
-  first = [[c for c in i.get("tool_calls", []) if c["turn"] == 0] for i in infos]
-  edits = [t for t in map(swe_diagnostics.first_edit, episodes) if t is not None]
-  stops = collections.Counter(str(i.get("stop")) for i in infos)
-  tools = collections.Counter(c["name"] for i in infos for c in i.get("tool_calls", []))
-  n = max(len(episodes), 1)
-  return {"first_turn": {"parsed": round(sum(bool(f) for f in first) / n, 4),
-                         "ran": round(sum(bool(f) and f[0]["ok"] for f in first) / n, 4)},
-          "stops": {s: round(c / n, 4) for s, c in sorted(stops.items())},
-          "tools": dict(sorted(tools.items())),
-          "first_edit_turn": round(float(np.mean(edits)), 2) if edits else None,
-          "edited_share": round(len(edits) / n, 4),
-          "mean_turns": round(float(np.mean([i.get("turns", 0) for i in infos])), 2)}
+def sample_episodes(problems, episodes, k: int) -> dict:
+  """{level: one episode, trimmed}: the first resolved episode at that level, else the
+  first one, so a reader sees what the policy does (docs/domains/swe.md quotes them)."""
+  out: dict = {}
+  for p, i in zip(problems, range(0, len(episodes), k)):
+    level = str(p.meta.get("level", 2))
+    for ep in episodes[i:i + k]:
+      resolved = ep.reward_parts.get("correct", 0.0) == 1.0
+      if level not in out or (resolved and not out[level]["resolved"]):
+        out[level] = {"task": p.id, "resolved": resolved,
+                      "stop": (ep.info or {}).get("stop"), "issue": trimmed(p.prompt),
+                      "transcript": trimmed(ep.completion)}
+  return dict(sorted(out.items()))
+
+
+def trimmed(text: str, head: int = SAMPLE_HEAD, tail: int = SAMPLE_TAIL) -> str:
+  """`text` cut to its first `head` and last `tail` characters around a marker."""
+  if len(text) <= head + tail:
+    return text
+  return f"{text[:head]}\n[... {len(text) - head - tail} characters cut ...]\n{text[-tail:]}"
 
 
 def measure(rollout, params, problems, k: int, seed: int) -> dict:
@@ -122,9 +132,9 @@ def measure(rollout, params, problems, k: int, seed: int) -> dict:
   return {"problems": len(problems), **{m: round(v, 4) for m, v in figures.items()},
           "per_level": {lv: {"resolve": round(float(np.mean(
               [ep.reward_parts.get("correct", 0.0) for ep in eps])), 4),
-              "episodes": len(eps), **episode_stats(eps)} for lv, eps in sorted(by_level.items())},
-          **episode_stats(episodes),
-          "examples": [ep.completion[:600] for ep in episodes[::k][:3]],
+              "episodes": len(eps), **episode_report(eps)} for lv, eps in sorted(by_level.items())},
+          **episode_report(episodes),
+          "samples": sample_episodes(problems, episodes, k),
           "seconds": round(time.time() - t0, 1)}
 
 
@@ -227,7 +237,7 @@ def main() -> None:
       result = measure(rollout, params, problems, args.k, seed)
       runs[key] = {"settings": settings(args), "result": result, "uptime": uptime()}
       print(f"[swe_real] {key}: " + json.dumps(
-          {m: v for m, v in result.items() if m != "examples"}), flush=True)
+          {m: v for m, v in result.items() if m != "samples"}), flush=True)
       save_json(path, payload)
   payload.update({"model": {"name": MODEL, "gin": GIN,
                             "params": model.config.num_params()},

@@ -56,7 +56,7 @@ def test_swe_gin_declares_the_space_the_domain_and_the_validators(parsed):
 @pytest.mark.slow
 def test_launch_swe_train_end_to_end_on_the_toy_library(tmp_path):
   """2 RL steps through the launcher on the toy library: validation and test figures in
-  summary.json, and stored rollouts whose episodes carry tool calls."""
+  summary.json (with the test episodes' report), and stored rollouts whose episodes carry tool calls."""
   from evotrainer.rollouts.store import RolloutStore
   from tests.tasks.swe.conftest import launch_on_toy
   workdir = tmp_path / "run"
@@ -69,6 +69,10 @@ def test_launch_swe_train_end_to_end_on_the_toy_library(tmp_path):
   for phase in ("initial", "final"):
     assert 0.0 <= summary[phase]["avg2"] <= summary[phase]["pass2"] <= 1.0
     assert set(summary["test"][phase]) >= {"avg2", "pass2"}
+    # What the test episodes did: 2 test problems x 2 samples, every one stopped.
+    report = summary["test"]["report"][phase]["all"]
+    assert sum(report["stops"].values()) == pytest.approx(1.0) and "None" not in report["stops"]
+    assert 0.0 <= report["first_turn"]["ran"] <= report["first_turn"]["parsed"] <= 1.0
   episodes = RolloutStore(workdir / "rollouts").read(split="train")
   assert len(episodes) == 2 * 4 * 4
   assert all(isinstance(ep.info.get("tool_calls"), list) for ep in episodes)

@@ -3,8 +3,8 @@
 `evaluate` samples `EvalConfig.k` completions per problem at `EvalConfig.temperature` for
 Avg@k and pass@k, plus one greedy completion per problem. A training segment evaluates
 the validation split every `train.eval_every` steps (train.py); a `train` or `branch`
-run evaluates the test split once at the end (`evaluate_test_split`, reported only) and a
-branch checks its canaries greedily (`canary_evaluation`).
+run evaluates the test split once at the end (`evaluate_test_split`, reported only; a task
+with a `test_report` also sums up those episodes: `score_test_split`) and a branch checks its canaries greedily (`canary_evaluation`).
 """
 
 from __future__ import annotations
@@ -98,19 +98,24 @@ def by_level(problems: Sequence, correct: np.ndarray) -> dict:
 
 
 def evaluate_test_split(rollout, params, task, eval_config=None) -> tuple[dict, dict]:
-  """Figures and {task_id: mean correct} on the test split (`EvalConfig.num_test`
-  problems, the evaluation's fixed keys); ({}, {}) when `num_test` is 0.
+  """Figures and {task_id: mean correct} on the test split (`test_split`)."""
+  figures, episodes = score_test_split(rollout, params, task, eval_config)
+  return figures, per_problem(episodes)
+
+
+def score_test_split(rollout, params, task, eval_config=None) -> tuple[dict, list]:
+  """Figures and episodes on the test split (`EvalConfig.num_test` problems, the
+  evaluation's fixed keys); ({}, []) when `num_test` is 0.
 
   The test split is reported only: its figures go to summaries and `test_eval.json`,
   never to a branch result, the rollout store or anything the controller reads.
   """
   cfg = eval_config or EvalConfig()
   if cfg.num_test <= 0:
-    return {}, {}
+    return {}, []
   problems = task.heldout_problems(cfg.num_test, split="test")
-  figures, episodes = evaluate(rollout, params, problems, cfg, cfg.key(), split="test",
-                               num_problems=len(problems))
-  return figures, per_problem(episodes)
+  return evaluate(rollout, params, problems, cfg, cfg.key(), split="test",
+                  num_problems=len(problems))
 
 
 def canary_evaluation(rollout, params, task, eval_config=None) -> tuple[dict, dict]:
@@ -142,4 +147,5 @@ def per_problem(episodes) -> dict:
 
 
 __all__ = ["EvalConfig", "by_level", "canary_evaluation", "evaluate", "evaluate_test_split",
+           "score_test_split",
            "per_problem"]

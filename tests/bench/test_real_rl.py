@@ -20,6 +20,13 @@ def test_rl_result_reads_test_before_and_after():
   assert (r["base_test"], r["rl_test"]) == (0.25, 0.375)
   assert (r["base_validation"], r["rl_validation"]) == (0.2, 0.3)
   assert (r["steps"], r["minutes"]) == (30, 30.0)
+  assert "test_report" not in r  # a task without a test report (code, math)
+  report = {"initial": {"all": {"stops": {"max_turns": 1.0}}},
+            "final": {"all": {"stops": {"submitted": 1.0}}}}
+  summary = _summary({"a": 0.0}, {"a": 1.0})
+  summary["test"]["report"] = report
+  assert rl_result(summary)["test_report"] == report
+  assert summarize_rl({"rl-s0": rl_result(summary)})["runs"]["rl-s0"]["test_report"] == report
 
 
 def test_summary_pairs_problems_across_seeds():

@@ -1,8 +1,11 @@
-"""bench/swe_real.py's episode statistics and summary, against hand-computed figures."""
+"""The SWE episode report, bench/swe_real.py's samples and summary, against hand-computed figures."""
 
 import argparse
+import dataclasses
 
 from bench import swe_real
+from evotrainer.tasks.base import Problem
+from evotrainer.tasks.swe.diagnostics import episode_report
 from evotrainer.types import Episode
 
 
@@ -27,13 +30,38 @@ EPISODES = [
 ]
 
 
-def test_episode_stats_by_hand():
-  got = swe_real.episode_stats(EPISODES)
+def test_episode_report_by_hand():
+  got = episode_report(EPISODES)
   assert got["first_turn"] == {"parsed": 0.5, "ran": 0.25}
   assert got["stops"] == {"max_turns": 0.25, "submitted": 0.25, "tool_error": 0.5}
   assert got["tools"] == {"read_file": 2, "search_replace": 3, "submit": 1}
   assert got["first_edit_turn"] == 1.5 and got["edited_share"] == 0.5  # turns 2 and 1
   assert got["mean_turns"] == 4.0  # (4 + 3 + 3 + 6) / 4
+  # An episode the engine stopped before any turn (no info): counted, with no calls.
+  bare = episode_report([*EPISODES, dataclasses.replace(EPISODES[2], info={})])
+  assert bare["first_turn"] == {"parsed": 0.4, "ran": 0.2}
+  assert bare["edited_share"] == 0.4 and bare["stops"]["None"] == 0.2
+  assert episode_report([])["first_edit_turn"] is None
+
+
+def test_samples_prefer_a_resolved_episode_per_level():
+  problems = [Problem("t-L0", "issue zero", "resolved", "", "r", 0, {"level": 0}),
+              Problem("u-L0", "issue one", "resolved", "", "r", 0, {"level": 0}),
+              Problem("t", "x" * 3000, "resolved", "", "r", 0, {"level": 2})]
+  eps = [_ep(0, [], "tool_error", 1), _ep(1, [], "max_turns", 6),  # t-L0: none resolved
+         _ep(2, [], "tool_error", 1), _ep(3, [], "submitted", 2, 1.0),  # u-L0: the 2nd
+         _ep(4, [], "max_turns", 6), _ep(5, [], "max_turns", 6)]  # t: the first
+  eps = [dataclasses.replace(e, completion=f"turns of {i}") for i, e in enumerate(eps)]
+  got = swe_real.sample_episodes(problems, eps, k=2)
+  assert list(got) == ["0", "2"]
+  assert got["0"] == {"task": "u-L0", "resolved": True, "stop": "submitted",
+                      "issue": "issue one", "transcript": "turns of 3"}
+  assert got["2"]["task"] == "t" and not got["2"]["resolved"]
+  assert got["2"]["transcript"] == "turns of 4"
+  # A long text keeps its first 1500 and last 500 characters around a marker.
+  issue = got["2"]["issue"]
+  assert issue.startswith("x" * 1500 + "\n[... 1000 characters cut ...]\n")
+  assert issue.endswith("\n" + "x" * 500) and len(issue) < 3000
 
 
 def test_summary_keeps_systems_apart():

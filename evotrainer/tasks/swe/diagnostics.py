@@ -12,7 +12,8 @@
   git_usage         share of episodes calling the `git` tool, of those the share that
                     read the history, and the share of all episodes reading history by
                     any route (`history_access`); finding when any episode reads it
-They read `info['tool_calls']` (dicts with `name`, `turn`, `ok`: episode.py)
+`episode_report` sums up what a set of episodes did (call validity, stops, first-edit
+turn), for reports of the test split. They read `info['tool_calls']` (dicts with `name`, `turn`, `ok`: episode.py)
 and `info['stop']`; turns and stop reasons are the library's `turns` and
 `stop_reasons`. Each reports nothing on episodes without tool calls (math, code), so the
 library stays usable everywhere. Leaks (git history, paths outside the repository) and
@@ -85,6 +86,28 @@ def first_edit(ep: Episode) -> Optional[int]:
   turns = [int(c.get("turn", 0)) for c in ep.info["tool_calls"]
            if c["name"] in EDIT_TOOLS and c.get("ok", True)]
   return min(turns) if turns else None
+
+
+def episode_report(episodes: Sequence[Episode]) -> dict:
+  """What a set of episodes did, for a report (the test split's, never the controller's):
+  first-turn call validity (`parsed`: the first turn is a known tool's call; `ran`: it
+  also ran without error), shares per stop reason, calls per tool, the mean turn of the
+  first successful edit (over the episodes that edit), the share that edit, mean turns."""
+  infos = [ep.info or {} for ep in episodes]
+  first = [[c for c in i.get("tool_calls", []) if c["turn"] == 0] for i in infos]
+  edits = [t for t in (first_edit(ep) for ep in episodes
+                               if "tool_calls" in (ep.info or {})) if t is not None]
+  stops = collections.Counter(str(i.get("stop")) for i in infos)
+  tools = collections.Counter(c["name"] for i in infos for c in i.get("tool_calls", []))
+  n = max(len(episodes), 1)
+  return {"first_turn": {"parsed": round(sum(bool(f) for f in first) / n, 4),
+                         "ran": round(sum(bool(f) and f[0]["ok"] for f in first) / n, 4)},
+          "stops": {s: round(c / n, 4) for s, c in sorted(stops.items())},
+          "tools": dict(sorted(tools.items())),
+          "first_edit_turn": round(float(np.mean(edits)), 2) if edits else None,
+          "edited_share": round(len(edits) / n, 4),
+          "mean_turns": round(float(np.mean([i.get("turns", 0) for i in infos])), 2)
+                        if infos else 0.0}
 
 
 def git_words(command) -> list:

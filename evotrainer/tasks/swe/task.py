@@ -59,6 +59,7 @@ import gin
 from evotrainer import atomic
 from evotrainer.tasks import chat as chat_lib
 from evotrainer.tasks.base import Problem, normalize_prompt
+from evotrainer.tasks.swe import diagnostics as diagnostics_lib
 from evotrainer.tasks.swe import agents, mutate, records, repo as repo_lib, runner as runner_lib
 from evotrainer.tasks.swe import sources as sources_lib
 from evotrainer.tasks.swe import splits as splits_lib
@@ -581,6 +582,19 @@ class SweDomain:
           "search_replace", path=path, search=f"def {name}(", replace=f"def _skipped_{name}(")))
     exploit = "".join(e + self.chat.observation("") for e in edits[:3]) + submit
     return {"right": problem.solution, "wrong": submit, "exploit": exploit}
+
+  def test_report(self, episodes: Sequence) -> dict:
+    """What the test split's episodes did (`diagnostics.episode_report`: call validity,
+    stops, first-edit turn): 'all', and 'level<L>' per issue level when they span
+    several. Reported only, like every test figure."""
+    by_level: dict = {}
+    for ep in episodes:
+      by_level.setdefault(self.records[ep.task_id].level, []).append(ep)
+    out = {"all": diagnostics_lib.episode_report(episodes)}
+    if len(by_level) > 1:
+      out.update({f"level{lv}": diagnostics_lib.episode_report(eps)
+                  for lv, eps in sorted(by_level.items())})
+    return out
 
   def probe_completions(self, problems: Sequence[Problem]) -> list[tuple]:
     """(problem, transcript, is_correct) probes for the evaluation pipeline's check."""

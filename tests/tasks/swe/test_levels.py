@@ -153,6 +153,31 @@ def test_levels_order_the_problems_and_keep_the_held_out_tasks(monkeypatch, tmp_
   assert default.splits["train"][0].prompt == "issue a"  # level 2: the text as built
 
 
+def test_the_test_report_sums_up_each_level(monkeypatch, tmp_path):
+  from evotrainer.types import Episode
+  task_lib = _hand_task_set(monkeypatch)
+
+  def ep(task_id, calls, stop):
+    return Episode(episode_id="v0/0/0", group_id=0, task_id=task_id, prompt="",
+                   completion="", answer="resolved", reward_parts={"correct": 0.0},
+                   info={"tool_calls": calls, "stop": stop, "turns": 2})
+  edit = {"name": "edit_function", "turn": 0, "ok": True}
+  eps = [ep("t-1-L0", [edit], "submitted"), ep("t-2-L0", [], "tool_error"),
+         ep("t-1-L1", [], "max_context")]
+  mixed = task_lib.SweDomain(levels=(0, 1), suite=object(), cache_dir=str(tmp_path))
+  got = mixed.test_report(eps)
+  assert set(got) == {"all", "level0", "level1"}
+  assert got["level0"]["stops"] == {"submitted": 0.5, "tool_error": 0.5}
+  assert got["level0"]["first_turn"] == {"parsed": 0.5, "ran": 0.5}
+  assert got["level0"]["first_edit_turn"] == 0.0
+  assert got["level1"]["stops"] == {"max_context": 1.0}
+  assert got["level1"]["first_edit_turn"] is None
+  assert got["all"]["edited_share"] == round(1 / 3, 4)
+  # One level: the whole report only.
+  low = task_lib.SweDomain(levels=(0,), suite=object(), cache_dir=str(tmp_path))
+  assert set(low.test_report(eps[:2])) == {"all"}
+
+
 def test_the_levels_knob_is_read_from_gin(monkeypatch, tmp_path):
   import gin
   task_lib = _hand_task_set(monkeypatch)
