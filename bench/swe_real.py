@@ -3,6 +3,8 @@ the test split, and what its episodes do.
 
   python bench/swe_real.py              # every level of the test split, k episodes a task
   python bench/swe_real.py --quick      # two tasks, two episodes: a smoke run of the path
+  python bench/swe_real.py --gin gin/swe_smol_code_warm.gin --levels 1 --overlap
+                                        # tools overlapping the sampler, timed
   python bench/swe_real.py --gin gin/swe_smol_warm.gin   # after the syntax warm start
   python bench/swe_real.py --gin gin/swe_smol_code.gin   # whole-function edits
   python bench/swe_real.py --gin gin/swe_smol_code_warm.gin   # the same, warm-started
@@ -37,6 +39,10 @@ the evaluation's own sampling (k episodes at temperature 1.0, and one greedy):
   samples          per run and level, one episode (the first resolved one, else the
                    first), its issue and transcript trimmed to the first 1500 and last
                    500 characters
+  overlap          with `--overlap` (instead of the figures above): the engine in
+                   lock-step ('1': MultiTurnEngine.overlap_waves = 1) and in two waves
+                   ('2'), each warmed up on one batch then timed on the same problems and
+                   keys: seconds, episodes/s, model tokens/s, resolve; `speedup`
   machine, minutes load before and after, package versions, wall time
 
 Resumable per seed: a seed's result is written as soon as it exists, with the settings it
@@ -63,6 +69,7 @@ from evotrainer.eval.heldout import EvalConfig, evaluate  # noqa: E402
 from evotrainer.learner.warmstart import warm_start  # noqa: E402
 from evotrainer.model.source import policy  # noqa: E402
 from evotrainer.rollouts import rollout_for  # noqa: E402
+from evotrainer.rollouts.multiturn import MultiTurnEngine  # noqa: E402
 from evotrainer.sampling import Sampler  # noqa: E402
 from evotrainer.tasks.swe.diagnostics import episode_report  # noqa: E402
 from evotrainer.tasks.swe.task import SYSTEM, SYSTEM_CODE, SYSTEM_EXAMPLE, SweDomain  # noqa: E402
@@ -80,6 +87,7 @@ WARM_GIN = "gin/swe_smol_warm.gin"
 CODE_GIN = "gin/swe_smol_code.gin"
 CODE_WARM_GIN = "gin/swe_smol_code_warm.gin"
 CODE_GINS = (CODE_GIN, CODE_WARM_GIN)
+BATCH_ROWS = 16  # episodes sampled together
 SAMPLE_HEAD, SAMPLE_TAIL = 1500, 500  # characters of a sample episode's texts kept
 
 
@@ -119,23 +127,49 @@ def trimmed(text: str, head: int = SAMPLE_HEAD, tail: int = SAMPLE_TAIL) -> str:
   return f"{text[:head]}\n[... {len(text) - head - tail} characters cut ...]\n{text[-tail:]}"
 
 
-def measure(rollout, params, problems, k: int, seed: int) -> dict:
-  """Resolve figures per level and the episodes' statistics, over `problems`."""
+def measure(rollout, params, problems, k: int, seed: int, keep: bool = False):
+  """Resolve figures per level and the episodes' statistics, over `problems` (and the
+  episodes too, as (figures, episodes), with `keep`)."""
   cfg = EvalConfig(num_problems=len(problems), k=k, temperature=1.0,
-                   batch_rows=min(16, k * len(problems)), seed=seed)
+                   batch_rows=min(BATCH_ROWS, k * len(problems)), seed=seed)
   t0 = time.time()
   figures, episodes = evaluate(rollout, params, problems, cfg, cfg.key(), split="test",
                                num_problems=len(problems))
   by_level: dict = {}
   for p, i in zip(problems, range(0, len(episodes), k)):
     by_level.setdefault(str(p.meta.get("level", 2)), []).extend(episodes[i:i + k])
-  return {"problems": len(problems), **{m: round(v, 4) for m, v in figures.items()},
-          "per_level": {lv: {"resolve": round(float(np.mean(
-              [ep.reward_parts.get("correct", 0.0) for ep in eps])), 4),
-              "episodes": len(eps), **episode_report(eps)} for lv, eps in sorted(by_level.items())},
-          **episode_report(episodes),
-          "samples": sample_episodes(problems, episodes, k),
-          "seconds": round(time.time() - t0, 1)}
+  out = {"problems": len(problems), **{m: round(v, 4) for m, v in figures.items()},
+         "per_level": {lv: {"resolve": round(float(np.mean(
+             [ep.reward_parts.get("correct", 0.0) for ep in eps])), 4),
+             "episodes": len(eps), **episode_report(eps)} for lv, eps in sorted(by_level.items())},
+         **episode_report(episodes),
+         "samples": sample_episodes(problems, episodes, k),
+         "seconds": round(time.time() - t0, 1)}
+  return (out, episodes) if keep else out
+
+
+def overlap(task, tok, model, problems, k: int, seed: int) -> dict:
+  """Lock-step (`MultiTurnEngine.overlap_waves = 1`) against two waves (one wave's tools,
+  pytest in the sandbox among them, run while the sampler runs the other's turn) on the
+  same problems and keys: each engine warmed up on the first tasks (one batch: its
+  compiles), then timed over them all. Episodes/s, model tokens/s, the resolve rate (a check that both
+  did the same work) and the speedup."""
+  out: dict = {}
+  for waves in (1, 2):
+    rollout = MultiTurnEngine(task, tok, Sampler(model, pad_id=tok.pad_id),
+                              overlap_waves=waves)
+    measure(rollout, nnx.state(model), problems[:max(1, BATCH_ROWS // k)], k, seed)
+    t0 = time.time()
+    result, episodes = measure(rollout, nnx.state(model), problems, k, seed, keep=True)
+    seconds = time.time() - t0
+    out[str(waves)] = {"seconds": round(seconds, 1),
+                       "episodes_per_s": round(len(episodes) / seconds, 4),
+                       "model_tokens_per_s": round(sum(ep.length for ep in episodes)
+                                                   / seconds, 2),
+                       "resolve": result["avg%d" % k], "mean_turns": result["mean_turns"]}
+    print(f"[swe_real] overlap_waves={waves}: {out[str(waves)]}", flush=True)
+  out["speedup"] = round(out["1"]["seconds"] / out["2"]["seconds"], 3)
+  return out
 
 
 def summary(runs: dict) -> dict:
@@ -206,6 +240,9 @@ def main() -> None:
                   "whole-function edit files, and only with them)")
   ap.add_argument("--tasks", type=int, default=None,
                   help="test tasks (default: the whole test split)")
+  ap.add_argument("--overlap", action="store_true",
+                  help="instead of the resolve figures: time lock-step against two "
+                  "overlapping waves (MultiTurnEngine.overlap_waves) on the first seed")
   args = ap.parse_args()
   args.system = args.system or ("code" if args.gin in CODE_GINS else "default")
   if (args.system == "code") != (args.gin in CODE_GINS):
@@ -229,7 +266,12 @@ def main() -> None:
     problems = task.heldout_problems(None, split="test")
     if args.tasks is not None:
       problems = problems[:args.tasks * len(args.levels)]
-    for seed in args.seeds:
+    if args.overlap:
+      if payload.get("overlap", {}).get("settings") != settings(args):
+        payload["overlap"] = {"settings": settings(args),
+                              **overlap(task, tok, model, problems, args.k, args.seeds[0])}
+        save_json(path, payload)
+    for seed in ([] if args.overlap else args.seeds):
       key = run_key(args, seed)
       if runs.get(key, {}).get("settings") == settings(args):
         print(f"[swe_real] {key}: stored, skipped", flush=True)

@@ -3,6 +3,8 @@
 import argparse
 import dataclasses
 
+import numpy as np
+
 from bench import swe_real
 from evotrainer.tasks.base import Problem
 from evotrainer.tasks.swe.diagnostics import episode_report
@@ -103,3 +105,32 @@ def test_resolve_table_puts_warm_beside_base():
                                     "warm_episodes": 4, "warm_first_turn_parsed": 0.75}}
   assert table["warm_settings"]["gin"] == swe_real.WARM_GIN
   assert table["base_settings"]["gin"] == swe_real.GIN
+
+
+def test_overlap_times_each_engine_after_a_warm_up_batch(monkeypatch):
+  built, measured = [], []
+  clock = iter([100.0, 130.0, 200.0, 220.0])  # lock-step 30 s, two waves 20 s
+  monkeypatch.setattr(swe_real.time, "time", lambda: next(clock))
+  monkeypatch.setattr(swe_real, "Sampler", lambda model, pad_id: "sampler")
+  monkeypatch.setattr(swe_real.nnx, "state", lambda model: "params")
+
+  def engine(task, tok, sampler, overlap_waves):
+    built.append(overlap_waves)
+    return f"engine{overlap_waves}"
+
+  def measure(rollout, params, problems, k, seed, keep=False):
+    measured.append((rollout, len(problems), keep))
+    eps = [dataclasses.replace(EPISODES[0], completion_ids=np.zeros(5, np.int32))] * 6
+    return ({"avg4": 0.5, "mean_turns": 3.0}, eps) if keep else {}
+  monkeypatch.setattr(swe_real, "MultiTurnEngine", engine)
+  monkeypatch.setattr(swe_real, "measure", measure)
+  tok = argparse.Namespace(pad_id=0)
+  got = swe_real.overlap("task", tok, "model", list(range(5)), k=4, seed=0)
+  assert built == [1, 2]
+  # Each engine: one warm-up batch (16 rows = 4 problems of k=4), then all 5 problems.
+  assert measured == [("engine1", 4, False), ("engine1", 5, True),
+                      ("engine2", 4, False), ("engine2", 5, True)]
+  assert got["1"] == {"seconds": 30.0, "episodes_per_s": 0.2, "model_tokens_per_s": 1.0,
+                      "resolve": 0.5, "mean_turns": 3.0}
+  assert got["2"]["seconds"] == 20.0 and got["2"]["episodes_per_s"] == 0.3
+  assert got["speedup"] == 1.5
