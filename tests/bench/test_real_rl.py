@@ -75,3 +75,29 @@ def test_every_domain_and_arm_names_an_existing_gin_file_and_its_own_section():
                                       for a in ("rl", "evolve")} | {("swe", "rl")}
   assert all((repo / g).is_file() for g in GIN.values())
   assert len(set(SECTION.values())) == len(SECTION)
+
+
+def test_swe_resolve_per_level_by_hand(tmp_path):
+  from bench.real_rl import level_resolve, swe_levels, swe_resolve
+  (tmp_path / "operative_config.gin").write_text(
+      "# Parameters for SweDomain:\nSweDomain.levels = [1]\nSweDomain.show_code = True\n")
+  assert swe_levels(tmp_path) == [1]
+  (tmp_path / "operative_config.gin").write_text("SweDomain.levels = (0, 2)\n")
+  assert swe_levels(tmp_path) == [0, 2]  # a default written as a tuple
+  (tmp_path / "operative_config.gin").write_text("SweDomain.show_code = True\n")
+  assert swe_levels(tmp_path) == [2]
+  # One level: its figure is the run's Avg@4; 5 tasks x 4 episodes.
+  per = {f"t{i}-L1": 0.0 for i in range(5)}
+  assert level_resolve({"avg4": 0.1, "pass4": 0.2, "greedy": 0.0}, per, [1]) == {
+      "1": {"avg": 0.1, "episodes": 20}}
+  # Two levels: each level's own figure; 2 tasks at each level, 4 episodes each.
+  per = {"a-L0": 1.0, "a-L1": 0.0, "b-L0": 0.5, "b-L1": 0.0}
+  figures = {"avg4": 0.375, "avg4_level0": 0.75, "avg4_level1": 0.0, "pass4_level0": 1.0}
+  assert level_resolve(figures, per, [0, 1]) == {"0": {"avg": 0.75, "episodes": 8},
+                                                 "1": {"avg": 0.0, "episodes": 8}}
+  runs = {"swe-rl-s0": {"levels": {"1": {"initial": {"avg": 0.1, "episodes": 20},
+                                         "final": {"avg": 0.3, "episodes": 20}}}},
+          "swe-rl-s1": {"levels": {"1": {"initial": {"avg": 0.1, "episodes": 20},
+                                         "final": {"avg": 0.2, "episodes": 20}}}}}
+  assert swe_resolve(runs) == {"1": {"rl": 0.25, "rl_before": 0.1, "rl_episodes": 40,
+                                     "rl_seeds": 2}}
