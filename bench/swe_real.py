@@ -107,7 +107,7 @@ def run_key(args: argparse.Namespace, seed: int) -> str:
 
 def sample_episodes(problems, episodes, k: int) -> dict:
   """{level: one episode, trimmed}: the first resolved episode at that level, else the
-  first one, so a reader sees what the policy does (docs/domains/swe.md quotes them)."""
+  first one, so a reader sees what the policy does."""
   out: dict = {}
   for p, i in zip(problems, range(0, len(episodes), k)):
     level = str(p.meta.get("level", 2))
@@ -152,8 +152,8 @@ def overlap(task, tok, model, problems, k: int, seed: int) -> dict:
   """Lock-step (`MultiTurnEngine.overlap_waves = 1`) against two waves (one wave's tools,
   pytest in the sandbox among them, run while the sampler runs the other's turn) on the
   same problems and keys: each engine warmed up on the first tasks (one batch: its
-  compiles), then timed over them all. Episodes/s, model tokens/s, the resolve rate (a check that both
-  did the same work) and the speedup."""
+  compiles), then timed over them all. Episodes/s, model tokens/s, the resolve rate (a
+  check that both did the same work) and the speedup."""
   out: dict = {}
   for waves in (1, 2):
     rollout = MultiTurnEngine(task, tok, Sampler(model, pad_id=tok.pad_id),
@@ -166,7 +166,7 @@ def overlap(task, tok, model, problems, k: int, seed: int) -> dict:
                        "episodes_per_s": round(len(episodes) / seconds, 4),
                        "model_tokens_per_s": round(sum(ep.length for ep in episodes)
                                                    / seconds, 2),
-                       "resolve": result["avg%d" % k], "mean_turns": result["mean_turns"]}
+                       "resolve": result[f"avg{k}"], "mean_turns": result["mean_turns"]}
     print(f"[swe_real] overlap_waves={waves}: {out[str(waves)]}", flush=True)
   out["speedup"] = round(out["1"]["seconds"] / out["2"]["seconds"], 3)
   return out
