@@ -4,7 +4,8 @@
 Avg@k and pass@k, plus one greedy completion per problem. A training segment evaluates
 the validation split every `train.eval_every` steps (train.py); a `train` or `branch`
 run evaluates the test split once at the end (`evaluate_test_split`, reported only; a task
-with a `test_report` also sums up those episodes: `score_test_split`) and a branch checks its canaries greedily (`canary_evaluation`).
+with a `test_report` also sums up those episodes: `score_test_split`) and a branch checks
+its canaries greedily (`canary_evaluation`).
 """
 
 from __future__ import annotations

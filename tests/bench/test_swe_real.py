@@ -1,4 +1,5 @@
-"""The SWE episode report, bench/swe_real.py's samples and summary, against hand-computed figures."""
+"""The SWE episode report, bench/swe_real.py's samples, overlap and summary, against
+hand-computed figures."""
 
 import argparse
 import dataclasses
