@@ -14,9 +14,9 @@
                     any route (`history_access`); finding when any episode reads it
 `episode_report` sums up what a set of episodes did (call validity, stops, first-edit
 turn), for reports of the test split. They read `info['tool_calls']` (dicts with `name`,
-`turn`, `ok`: episode.py) and `info['stop']`; turns and stop reasons are the library's `turns` and
-`stop_reasons`. Each reports nothing on episodes without tool calls (math, code), so the
-library stays usable everywhere. Leaks (git history, paths outside the repository) and
+`turn`, `ok`: episode.py) and `info['stop']`; turns and stop reasons are the library's
+`turns` and `stop_reasons`. Each reports nothing on episodes without tool calls (math,
+code), so the library stays usable everywhere. Leaks (git history, paths outside the repository) and
 tampering are validators: `leak_detector`, `history_leak` (validators.py, which judges
 with `history_access`, defined here), `test_tampering` (harness/validators.py).
 """
