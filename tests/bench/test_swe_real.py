@@ -40,6 +40,14 @@ def test_episode_report_by_hand():
   assert got["tools"] == {"read_file": 2, "search_replace": 3, "submit": 1}
   assert got["first_edit_turn"] == 1.5 and got["edited_share"] == 0.5  # turns 2 and 1
   assert got["mean_turns"] == 4.0  # (4 + 3 + 3 + 6) / 4
+  assert got["history_read_share"] == 0.0
+  # One episode of five reads the history (`git log`); a `git status` does not.
+  git = [{"name": "git", "turn": 0, "args": {"command": "status"}, "ok": True},
+         {"name": "git", "turn": 1, "args": {"command": "log -p"}, "ok": True}]
+  reader = _ep(4, git, "max_turns", 2)
+  looker = _ep(5, git[:1], "max_turns", 2)
+  assert episode_report([*EPISODES, reader])["history_read_share"] == 0.2
+  assert episode_report([*EPISODES, looker])["history_read_share"] == 0.0
   # An episode the engine stopped before any turn (no info): counted, with no calls.
   bare = episode_report([*EPISODES, dataclasses.replace(EPISODES[2], info={})])
   assert bare["first_turn"] == {"parsed": 0.4, "ran": 0.2}

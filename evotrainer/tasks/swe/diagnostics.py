@@ -92,11 +92,12 @@ def episode_report(episodes: Sequence[Episode]) -> dict:
   """What a set of episodes did, for a report (the test split's, never the controller's):
   first-turn call validity (`parsed`: the first turn is a known tool's call; `ran`: it
   also ran without error), shares per stop reason, calls per tool, the mean turn of the
-  first successful edit (over the episodes that edit), the share that edit, mean turns."""
+  first successful edit (over the episodes that edit), the share that edit, mean turns,
+  and the share that read the repository's history (`history_reads`)."""
   infos = [ep.info or {} for ep in episodes]
   first = [[c for c in i.get("tool_calls", []) if c["turn"] == 0] for i in infos]
-  edits = [t for t in (first_edit(ep) for ep in episodes
-                               if "tool_calls" in (ep.info or {})) if t is not None]
+  calling = [ep for ep in episodes if "tool_calls" in (ep.info or {})]
+  edits = [t for t in map(first_edit, calling) if t is not None]
   stops = collections.Counter(str(i.get("stop")) for i in infos)
   tools = collections.Counter(c["name"] for i in infos for c in i.get("tool_calls", []))
   n = max(len(episodes), 1)
@@ -107,7 +108,8 @@ def episode_report(episodes: Sequence[Episode]) -> dict:
           "first_edit_turn": round(float(np.mean(edits)), 2) if edits else None,
           "edited_share": round(len(edits) / n, 4),
           "mean_turns": round(float(np.mean([i.get("turns", 0) for i in infos])), 2)
-                        if infos else 0.0}
+                        if infos else 0.0,
+          "history_read_share": round(sum(bool(history_reads(ep)) for ep in calling) / n, 4)}
 
 
 def git_words(command) -> list:
