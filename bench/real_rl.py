@@ -7,6 +7,7 @@ and the evolution, each scored on the test split before and after.
   python bench/real_rl.py --domain math --arm evolve  # gin/math_smol.gin
   python bench/real_rl.py --domain swe --arm rl --gin_bindings "SweDomain.levels = [1]"
                                                    # gin/swe_smol_code_warm.gin
+  python bench/real_rl.py --domain swe --arm evolve   # gin/swe_smol_evolve.gin
   python bench/real_rl.py --arm rl --gin_bindings 'train.steps = 2' \
       --json /tmp/smoke.json --workdir /tmp/smoke  # a smoke run of the path
 
@@ -53,6 +54,9 @@ bench/real_model.py's or bench/swe_real.py's, are kept):
                      `base_model_test`: the base model's test Avg@8 on the run's rung,
                      read from bench/real_model.py's `math_base_test_pass1` in the same
                      file (null when that was not measured)
+  swe_evolution, swe_evolution_versions, swe_evolution_minutes   the `evolve` arm of
+                     `--domain swe` (gin/swe_smol_evolve.gin: the same policy evolved at
+                     level 1)
   rl_machine         load averages before and after each run, package versions
 """
 
@@ -77,10 +81,10 @@ from bench.evolve_arms import base_arm, static_arm  # noqa: E402
 # (domain, arm) -> the gin file it launches, and the JSON section it writes.
 GIN = {("code", "rl"): "gin/code_smol_train.gin", ("code", "evolve"): "gin/code_smol.gin",
        ("math", "rl"): "gin/math_smol_train.gin", ("math", "evolve"): "gin/math_smol.gin",
-       ("swe", "rl"): "gin/swe_smol_code_warm.gin"}
+       ("swe", "rl"): "gin/swe_smol_code_warm.gin", ("swe", "evolve"): "gin/swe_smol_evolve.gin"}
 SECTION = {("code", "rl"): "code_rl", ("code", "evolve"): "evolution",
            ("math", "rl"): "math_rl", ("math", "evolve"): "math_evolution",
-           ("swe", "rl"): "swe_rl"}
+           ("swe", "rl"): "swe_rl", ("swe", "evolve"): "swe_evolution"}
 MATH_RUNG = 1  # gin/math_smol_train.gin's MathTask.difficulty
 DEFAULT_JSON = "bench/results/real_model.json"
 SWE_JSON = "bench/results/swe_real.json"  # beside bench/swe_real.py's base figures
@@ -222,7 +226,7 @@ def main(argv=None) -> dict:
     stored[name] = rl_result(summary) if args.arm == "rl" else evolve_result(summary)
     if args.arm == "rl":
       stored[name]["training_diagnostics"] = training_diagnostics(wd / "metrics.jsonl")
-    if args.domain == "swe":
+    if arm == ("swe", "rl"):
       levels, test = swe_levels(wd), summary["test"]
       stored[name]["levels"] = {
           lv: {"initial": i, "final": f} for (lv, i), f in zip(
@@ -240,7 +244,7 @@ def main(argv=None) -> dict:
     if args.domain == "math":
       payload[section]["base_model_test"] = payload.get("math_base_test_pass1", {}).get(
           str(MATH_RUNG), {}).get("avg8")
-    if args.domain == "swe":
+    if arm == ("swe", "rl"):
       for lv, row in swe_resolve(stored).items():
         payload.setdefault("resolve", {}).setdefault(lv, {}).update(row)
     payload[f"{section}_test_pass1"] = payload[section]["rl_test"]

@@ -113,6 +113,22 @@ def test_swe_smol_code_warm_gin_warm_starts_on_the_oracles_edits(parsed):
   assert gin.get_configurable("tasks.swe.ToolConfig")().code_edits is True
 
 
+def test_swe_smol_evolve_gin_evolves_the_warm_started_code_edit_policy(parsed):
+  parsed(["gin/swe_smol_evolve.gin"])
+  assert gin.query_parameter("run.mode") == "evolve"
+  assert gin.query_parameter("run.warm_start") is True
+  assert gin.query_parameter("policy.gguf") == "smollm2-135m-instruct"
+  assert gin.get_configurable("tasks.swe.ToolConfig")().code_edits is True
+  assert list(gin.query_parameter("SweDomain.levels")) == [1]
+  assert (gin.query_parameter("evolve.generations"), gin.query_parameter("evolve.branches"),
+          gin.query_parameter("evolve.branch_steps")) == (3, 1, 4)
+  assert gin.query_parameter("evolve.domain") == "swe"
+  # The learning-rate knob spans the pretrained policy's rate (2e-5), not the tiny one's.
+  low, high = (gin.query_parameter(f"lr/FloatKnob.{b}") for b in ("low", "high"))
+  assert low < gin.query_parameter("Learner.learning_rate") == 2e-5 < high <= 1e-4
+  assert gin.query_parameter("VerifyConfig.keep_on") == "mean"
+
+
 @pytest.mark.slow
 @needs_smollm2
 def test_launch_swe_smol_code_on_the_toy_library(tmp_path):
