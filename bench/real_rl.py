@@ -190,7 +190,7 @@ def summarize_rl(runs: dict) -> dict:
                    for s, r in runs.items()}}
 
 
-def main(argv=None) -> dict:
+def _args(argv) -> argparse.Namespace:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--domain", choices=("code", "math", "swe"), default="code")
   ap.add_argument("--arm", choices=("evolve", "rl"), default="rl")
@@ -202,10 +202,48 @@ def main(argv=None) -> dict:
   ap.add_argument("--json", default=None,
                   help=f"default {DEFAULT_JSON} ({SWE_JSON} with --domain swe)")
   args = ap.parse_args(argv)
-  arm = (args.domain, args.arm)
-  if arm not in GIN:
+  if (args.domain, args.arm) not in GIN:
     ap.error(f"--domain {args.domain} has no --arm {args.arm} here; arms: "
              f"{sorted(a for d, a in GIN if d == args.domain)}")
+  return args
+
+
+def run_result(arm: tuple, summary: dict, wd: pathlib.Path) -> dict:
+  """One finished run's figures, read from its summary and files."""
+  if arm[1] == "evolve":
+    return evolve_result(summary)
+  out = {**rl_result(summary),
+         "training_diagnostics": training_diagnostics(wd / "metrics.jsonl")}
+  if arm == ("swe", "rl"):
+    levels, test = swe_levels(wd), summary["test"]
+    out["levels"] = {lv: {"initial": i, "final": f} for (lv, i), f in zip(
+        level_resolve(test["initial"], test["per_problem_initial"], levels).items(),
+        level_resolve(test["final"], test["per_problem"], levels).values())}
+  return out
+
+
+def write_section(payload: dict, arm: tuple, stored: dict) -> None:
+  """The arm's section of the JSON, over its stored runs."""
+  section = SECTION[arm]
+  if arm[1] == "evolve":
+    payload[section] = {"gin": GIN[arm], "runs": stored}
+    payload[f"{section}_versions"] = float(np.mean([r["versions"] for r in stored.values()]))
+    payload[f"{section}_minutes"] = float(np.mean([r["minutes"] for r in stored.values()]))
+    return
+  payload[section] = {"gin": GIN[arm], **summarize_rl(stored)}
+  if arm[0] == "math":
+    payload[section]["base_model_test"] = payload.get("math_base_test_pass1", {}).get(
+        str(MATH_RUNG), {}).get("avg8")
+  if arm == ("swe", "rl"):
+    for lv, row in swe_resolve(stored).items():
+      payload.setdefault("resolve", {}).setdefault(lv, {}).update(row)
+  payload[f"{section}_test_pass1"] = payload[section]["rl_test"]
+  payload[f"{section}_minutes"] = payload[section]["minutes"]
+
+
+def main(argv=None) -> dict:
+  args = _args(argv)
+  arm = (args.domain, args.arm)
   root = pathlib.Path(args.workdir).resolve()
   root.mkdir(parents=True, exist_ok=True)
   path = pathlib.Path(args.json or (SWE_JSON if args.domain == "swe" else DEFAULT_JSON))
@@ -223,36 +261,15 @@ def main(argv=None) -> dict:
     before = os.getloadavg()
     summary = run_or_read([GIN[arm]], [f"run.seed = {seed}", *args.gin_bindings], wd,
                           root / f"{name}.log")
-    stored[name] = rl_result(summary) if args.arm == "rl" else evolve_result(summary)
-    if args.arm == "rl":
-      stored[name]["training_diagnostics"] = training_diagnostics(wd / "metrics.jsonl")
-    if arm == ("swe", "rl"):
-      levels, test = swe_levels(wd), summary["test"]
-      stored[name]["levels"] = {
-          lv: {"initial": i, "final": f} for (lv, i), f in zip(
-              level_resolve(test["initial"], test["per_problem_initial"], levels).items(),
-              level_resolve(test["final"], test["per_problem"], levels).values())}
-    stored[name]["bindings"] = args.gin_bindings
+    stored[name] = {**run_result(arm, summary, wd), "bindings": args.gin_bindings}
     if not done:
       machine["loads"][name] = {"before": list(before), "after": list(os.getloadavg())}
     print(f"[real_rl] {name}: " + json.dumps(
         {k: v for k, v in stored[name].items()
          if not k.startswith(("per_problem", "version_records"))}), flush=True)
     save_json(path, payload)
-  if args.arm == "rl" and stored:
-    payload[section] = {"gin": GIN[arm], **summarize_rl(stored)}
-    if args.domain == "math":
-      payload[section]["base_model_test"] = payload.get("math_base_test_pass1", {}).get(
-          str(MATH_RUNG), {}).get("avg8")
-    if arm == ("swe", "rl"):
-      for lv, row in swe_resolve(stored).items():
-        payload.setdefault("resolve", {}).setdefault(lv, {}).update(row)
-    payload[f"{section}_test_pass1"] = payload[section]["rl_test"]
-    payload[f"{section}_minutes"] = payload[section]["minutes"]
-  elif stored:
-    payload[section] = {"gin": GIN[arm], "runs": stored}
-    payload[f"{section}_versions"] = float(np.mean([r["versions"] for r in stored.values()]))
-    payload[f"{section}_minutes"] = float(np.mean([r["minutes"] for r in stored.values()]))
+  if stored:
+    write_section(payload, arm, stored)
   machine["packages"] = packages(EXTRA_PACKAGES)
   save_json(path, payload)
   print(json.dumps({k: payload[k] for k in payload if k.startswith(section)}, indent=2))

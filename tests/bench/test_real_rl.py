@@ -101,3 +101,36 @@ def test_swe_resolve_per_level_by_hand(tmp_path):
                                          "final": {"avg": 0.2, "episodes": 20}}}}}
   assert swe_resolve(runs) == {"1": {"rl": 0.25, "rl_before": 0.1, "rl_episodes": 40,
                                      "rl_seeds": 2}}
+
+
+def test_main_folds_a_swe_run_into_the_resolve_table_beside_the_base_figures(
+    tmp_path, monkeypatch):
+  from bench import real_rl
+  launched = []
+
+  def fake_run(gin_files, bindings, wd, log):
+    launched.append((gin_files, bindings))
+    wd.mkdir(parents=True)
+    (wd / "operative_config.gin").write_text("SweDomain.levels = [1]\n")
+    (wd / "metrics.jsonl").write_text(json.dumps({"step": 1, "correct": 0.25}) + "\n")
+    summary = _summary({"a-L1": 0.0, "b-L1": 0.5}, {"a-L1": 0.5, "b-L1": 0.5})
+    summary["warm_start_s"] = 60.0
+    summary["initial"], summary["final"] = {"avg4": 0.2}, {"avg4": 0.3}  # validation
+    summary["test"]["initial"], summary["test"]["final"] = {"avg4": 0.25}, {"avg4": 0.5}
+    summary["test"]["report"] = {"initial": {"all": {}}, "final": {"all": {}}}
+    return summary
+  monkeypatch.setattr(real_rl, "run_or_read", fake_run)
+  monkeypatch.setattr(real_rl, "packages", lambda names: {})
+  out = tmp_path / "swe_real.json"
+  out.write_text(json.dumps({"resolve": {"1": {"base": 0.0, "episodes": 20}}, "other": 1}))
+  real_rl.main(["--domain", "swe", "--arm", "rl", "--workdir", str(tmp_path / "w"),
+                "--json", str(out), "--gin_bindings", "train.steps = 2"])
+  assert launched == [(["gin/swe_smol_code_warm.gin"], ["run.seed = 0", "train.steps = 2"])]
+  got = json.loads(out.read_text())
+  assert got["other"] == 1  # the file's other keys are kept
+  # Two tasks at level 1, 4 episodes each; the base figures stay beside RL's.
+  assert got["resolve"]["1"] == {"base": 0.0, "episodes": 20, "rl": 0.5, "rl_before": 0.25,
+                                 "rl_episodes": 8, "rl_seeds": 1}
+  run = got["swe_rl"]["runs"]["swe-rl-s0"]
+  assert run["test_report"] == {"initial": {"all": {}}, "final": {"all": {}}}
+  assert got["swe_rl"]["warm_test"] == 0.25 and got["swe_rl"]["rl_test"] == 0.5
