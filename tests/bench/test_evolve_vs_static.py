@@ -97,12 +97,13 @@ def _parsed(gin_files, bindings, names) -> dict:
     gin.clear_config()
 
 
-@pytest.mark.parametrize("domain", ["math", "code", "code_smol"])
+@pytest.mark.parametrize("domain", ["math", "code", "code_smol", "math_smol"])
 def test_the_static_arm_evaluates_on_the_evolutions_problems(domain):
   """Parsed as each arm's command parses them, the static arm's gin files and bindings
   give the same validation and test sets (and time limit) as the evolution's."""
   from bench.evolve_arms import arm_launches
-  task = {"math": "MathTask", "code": "CodeTask", "code_smol": "CodeTask"}[domain]
+  task = {"math": "MathTask", "code": "CodeTask", "code_smol": "CodeTask",
+          "math_smol": "MathTask"}[domain]
   names = ["EvalConfig.num_problems", "EvalConfig.num_test", "EvalConfig.k",
            f"{task}.num_validation", f"{task}.num_test", "train.time_limit_s"]
   out = arm_launches(domain, seed=0, generations=1, branches=2, branch_steps=10,
@@ -166,7 +167,7 @@ def _steps_trained(bindings) -> int:
 
 @pytest.mark.parametrize("domain,total", [("math", 25 + 3 * 2 * 25 + 3 * 150),
                                           ("code", (1 + 3 * 3) * 30),
-                                          ("code_smol", 4 * 8)])
+                                          ("code_smol", 4 * 8), ("math_smol", 4 * 10)])
 def test_every_arm_trains_the_same_total_steps(domain, total):
   """At the domain's shipped shape every arm trains the evolution's steps in all (math:
   the root, 3 x (1 branch + control) x 25, 3 continuations of 150)."""
@@ -179,7 +180,7 @@ def test_every_arm_trains_the_same_total_steps(domain, total):
   assert {a: _steps_trained(out[a][1]) for a in arms} == {a: total for a in arms}
 
 
-@pytest.mark.parametrize("domain", ["math", "code", "code_smol"])
+@pytest.mark.parametrize("domain", ["math", "code", "code_smol", "math_smol"])
 def test_the_declared_clip_and_filters_are_what_the_gin_files_bind(domain):
   """Domain.static_clip is the static gin file's own clip (clip_higher reads the static
   run back only when they are equal), and every arm's command parses: the filters of
