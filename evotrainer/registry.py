@@ -19,6 +19,17 @@ def register_builtins() -> None:
 
   The imports (they bring in JAX) run on the first call, not when this module is imported.
   """
+  import evotrainer.harness.diagnostics  # noqa: F401
+  import evotrainer.harness.filters  # noqa: F401
+  import evotrainer.harness.pipeline  # noqa: F401
+  import evotrainer.harness.rewards  # noqa: F401
+  import evotrainer.harness.validators  # noqa: F401
+  # The domains' diagnostics and validators register in the harness's libraries (code
+  # before SWE: the library's order, which the controller's gap search walks), first,
+  # before any task module imports its own.
+  import evotrainer.tasks.code.diagnostics  # noqa: F401
+  import evotrainer.tasks.swe.diagnostics  # noqa: F401
+  import evotrainer.tasks.swe.validators  # noqa: F401
   import evotrainer.eval.heldout  # noqa: F401
   import evotrainer.model.config  # noqa: F401
   import evotrainer.model.source  # noqa: F401
@@ -41,16 +52,6 @@ def register_builtins() -> None:
   import evotrainer.evolution.harness_evolution  # noqa: F401
   import evotrainer.evolution.promotion  # noqa: F401
   import evotrainer.evolution.search_space  # noqa: F401
-  import evotrainer.harness.diagnostics  # noqa: F401
-  import evotrainer.harness.filters  # noqa: F401
-  import evotrainer.harness.pipeline  # noqa: F401
-  import evotrainer.harness.rewards  # noqa: F401
-  import evotrainer.harness.validators  # noqa: F401
-  # The domains' diagnostics and validators register in the harness's libraries (code
-  # before SWE: the library's order, which the controller's gap search walks).
-  import evotrainer.tasks.code.diagnostics  # noqa: F401
-  import evotrainer.tasks.swe.diagnostics  # noqa: F401
-  import evotrainer.tasks.swe.validators  # noqa: F401
 
 
 def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
