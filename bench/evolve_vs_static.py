@@ -10,8 +10,9 @@ equal total RL steps, scored on the test split.
 
 Domains: `math` and `code` (the tiny from-scratch model, gin/math*.gin, gin/code*.gin),
 `code_smol` and `math_smol` (the pretrained SmolLM2-135M-Instruct: gin/code_smol_train.gin
-and gin/code_smol.gin; gin/math_smol_train.gin and gin/math_smol.gin, warm-started). The evolution's shape (generations, branches, branch steps, control,
-continuation) defaults to the domain's gin file.
+and gin/code_smol.gin; gin/math_smol_train.gin and gin/math_smol.gin, warm-started). The
+evolution's shape (generations, branches, branch steps, control, continuation) defaults to
+the domain's gin file.
 
 Arms per seed, all from the same starting policy (the warm-start cache is shared), each
 defined exactly in bench/evolve_arms.py: `base` (no RL: the static run's test evaluation

@@ -99,7 +99,7 @@ def by_level(problems: Sequence, correct: np.ndarray) -> dict:
 
 
 def evaluate_test_split(rollout, params, task, eval_config=None) -> tuple[dict, dict]:
-  """Figures and {task_id: mean correct} on the test split (`test_split`)."""
+  """Figures and {task_id: mean correct} on the test split (`score_test_split`)."""
   figures, episodes = score_test_split(rollout, params, task, eval_config)
   return figures, per_problem(episodes)
 
@@ -148,5 +148,4 @@ def per_problem(episodes) -> dict:
 
 
 __all__ = ["EvalConfig", "by_level", "canary_evaluation", "evaluate", "evaluate_test_split",
-           "score_test_split",
-           "per_problem"]
+           "per_problem", "score_test_split"]
