@@ -105,13 +105,18 @@ def run_key(args: argparse.Namespace, seed: int) -> str:
   return key if args.gin == GIN else f"{os.path.basename(args.gin)[:-4]}/{key}"
 
 
+def per_problem(problems, episodes, k: int):
+  """(problem, its k episodes, its level as a string) in the evaluation's order."""
+  for p, i in zip(problems, range(0, len(episodes), k)):
+    yield p, episodes[i:i + k], str(p.meta.get("level", 2))
+
+
 def sample_episodes(problems, episodes, k: int) -> dict:
   """{level: one episode, trimmed}: the first resolved episode at that level, else the
   first one, so a reader sees what the policy does."""
   out: dict = {}
-  for p, i in zip(problems, range(0, len(episodes), k)):
-    level = str(p.meta.get("level", 2))
-    for ep in episodes[i:i + k]:
+  for p, eps, level in per_problem(problems, episodes, k):
+    for ep in eps:
       resolved = ep.reward_parts.get("correct", 0.0) == 1.0
       if level not in out or (resolved and not out[level]["resolved"]):
         out[level] = {"task": p.id, "resolved": resolved,
@@ -136,8 +141,8 @@ def measure(rollout, params, problems, k: int, seed: int, keep: bool = False):
   figures, episodes = evaluate(rollout, params, problems, cfg, cfg.key(), split="test",
                                num_problems=len(problems))
   by_level: dict = {}
-  for p, i in zip(problems, range(0, len(episodes), k)):
-    by_level.setdefault(str(p.meta.get("level", 2)), []).extend(episodes[i:i + k])
+  for _, eps, level in per_problem(problems, episodes, k):
+    by_level.setdefault(level, []).extend(eps)
   out = {"problems": len(problems), **{m: round(v, 4) for m, v in figures.items()},
          "per_level": {lv: {"resolve": round(float(np.mean(
              [ep.reward_parts.get("correct", 0.0) for ep in eps])), 4),
