@@ -22,7 +22,8 @@ run read back, `same_run_as: static`), `recipe_search` (hyper-parameters only),
 `best_static_filter` (the group filter of bench/evolve_arms.FILTERS whose selection run
 scored best on validation, trained at equal steps), `evotrainer`, and `static_lineage`
 (the static harness trained as many steps as the evotrainer run of the same seed kept on
-its final lineage, launched once that run is known). Every arm but base and
+its final lineage, launched once that run is known; a lineage that kept every step makes
+it the static run, read back with `same_run_as: static`). Every arm but base and
 static_lineage trains as many RL steps as an evolution run trains in all: the root and
 every branch, control and continuation.
 
@@ -180,7 +181,10 @@ class Bench:
     kw = ({"group_filter": chosen_filter} if arm == "best_static_filter" else
           {"lineage_steps": done["evotrainer"]["lineage_steps"]}
           if arm == "static_lineage" else {})
-    return static_arm(self.run(name, self.launches(seed, **kw)[arm]))
+    launches = self.launches(seed, **kw)
+    if arm == "static_lineage" and launches[arm] == launches["static"]:
+      return {**done["static"], "same_run_as": "static"}  # the lineage kept every step
+    return static_arm(self.run(name, launches[arm]))
 
 
 def summarize(arms: dict, seeds: list) -> dict:

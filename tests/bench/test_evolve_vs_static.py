@@ -275,9 +275,11 @@ def _fake_launch(calls):
 
 
 def _fake_evolution(wd, seed) -> dict:
-  """v0 (8) -> v1.0 kept (8) -> v3.0 kept (8), v2.0 rejected (8): 32 steps, 24 kept."""
-  versions = [("v0", None, "kept"), ("v1.0", "v0", "kept"), ("v2.0", "v1.0", "rejected"),
-              ("v3.0", "v1.0", "kept")]
+  """v0 (8) -> v1.0 kept (8) -> v3.0 kept (8), v2.0 rejected (8): 32 steps, 24 kept.
+  Seed 7 keeps every version (v3.0 off v2.0): 32 steps, all on the lineage."""
+  versions = [("v0", None, "kept"), ("v1.0", "v0", "kept"),
+              ("v2.0", "v1.0", "kept" if seed == 7 else "rejected"),
+              ("v3.0", "v2.0" if seed == 7 else "v1.0", "kept")]
   (wd / "versions" / "v3.0").mkdir(parents=True, exist_ok=True)
   (wd / "versions" / "v3.0" / "test_eval.json").write_text(json.dumps(
       {"version": "v3.0", "final": {"avg8": 0.5}, "per_problem": {"p0": 0.5, "p1": 0.5}}))
@@ -411,3 +413,18 @@ def test_retained_reads_the_kept_lineage_from_the_ledger(tmp_path):
   assert list(by) == ["diagnostics", "optimisation", "reward"]
   assert by["reward"] == [{"seed": 0, "version": "v1.0", "change": "add 'defines' = 0.3"},
                           {"seed": 1, "version": "v1.0", "change": "add 'defines' = 0.3"}]
+
+
+def test_static_lineage_is_the_static_run_when_the_lineage_kept_every_step(tmp_path,
+                                                                           monkeypatch):
+  """A lineage of all 32 steps gives static_lineage the static run's own command: it is
+  read as that run, not trained again."""
+  from bench import evolve_vs_static
+  calls: list = []
+  monkeypatch.setattr(bench_common, "launch_run", _fake_launch(calls))
+  out = evolve_vs_static.main(["--domain", "code_smol", "--seeds", "7", "--arms",
+                               "static,static_lineage", "--workdir", str(tmp_path / "w")])
+  assert [c[2] for c in calls] == ["evotrainer-s7", "static-s7"]
+  assert out["lineage_steps"]["evotrainer"] == out["lineage_steps"]["static_lineage"] == 32
+  assert out["arms"]["static_lineage"]["7"]["same_run_as"] == "static"
+  assert out["diff_vs_static_equal_lineage"] == out["diff_vs_static"]
