@@ -20,6 +20,7 @@ def register_builtins() -> None:
   The imports (they bring in JAX) run on the first call, not when this module is imported.
   """
   import evotrainer.harness.diagnostics  # noqa: F401
+  import evotrainer.harness.curriculum  # noqa: F401
   import evotrainer.harness.filters  # noqa: F401
   import evotrainer.harness.pipeline  # noqa: F401
   import evotrainer.harness.rewards  # noqa: F401

@@ -313,7 +313,7 @@ def _sample(seg: _Segment, params, step: int) -> tuple[Generation, list, int, fl
   step_key = jax.random.fold_in(jax.random.key(seg.seed), step)
   while want > 0:
     seed = data_seed(seg.seed, step) + 7_777_777 * rounds
-    problems = seg.task.train_problems(want, seed=seed)
+    problems = _draw(seg, want, seed)
     gen = seg.rollout(params, problems, seg.group_size, jax.random.fold_in(step_key, rounds),
                       seg.sampling, pad_rows_to=round_rows)
     t0 = time.time()
@@ -330,6 +330,15 @@ def _sample(seg: _Segment, params, step: int) -> tuple[Generation, list, int, fl
     if ds is None:
       break
   return merge(gens), episodes, rounds, t_harness
+
+
+def _draw(seg: _Segment, want: int, seed: int) -> list:
+  """The `want` prompts of a round: the task's draw, or the harness curriculum's pick
+  from a larger one."""
+  cur = seg.harness.curriculum
+  if cur is None:
+    return seg.task.train_problems(want, seed=seed)
+  return cur.choose(seg.task.train_problems(cur.candidates(want), seed=seed), want, seed)
 
 
 def _harness_batch(seg: _Segment, gen: Generation,

@@ -48,9 +48,29 @@ def test_swe_gin_declares_the_space_the_domain_and_the_validators(parsed):
   assert gin.query_parameter("run.mode") == "evolve"
   assert gin.query_parameter("evolve.domain") == "swe"
   knobs = gin.query_parameter("SearchSpace.knobs")
-  assert len(knobs) == 8
+  assert len(knobs) == 9
   validators = str(gin.query_parameter("evolve.validators"))
   assert "TestTampering" in validators and "LeakDetector" in validators
+
+
+def test_dead_groups_on_swe_can_lead_to_the_curriculum(parsed):
+  """The SWE space's curriculum knob is off by default (the task's own draw) and is among
+  the catalog's answers to a dead-group finding; the component it names builds."""
+  from evotrainer.evolution.proposers import skill_hypotheses
+  from evotrainer.harness.curriculum import LiveGroupCurriculum
+  from evotrainer.types import Finding
+  parsed(["gin/swe.gin"])
+  space = gin.get_configurable("evolution.SearchSpace")()
+  values = space.current_values()
+  assert values["Harness.curriculum"] is None
+  dead = Finding(kind="dead_group_ratio", layer="signal", severity=0.8, value=0.75,
+                 threshold=0.5, message="75% of the groups are dead")
+  ivs = [h.intervention for h in skill_hypotheses([dead], values, space, None)
+         if h.finding == "dead_group_ratio"]
+  ours = [iv for iv in ivs if iv.binding == "Harness.curriculum"]
+  assert [iv.new for iv in ours] == ["@LiveGroupCurriculum()"]
+  assert isinstance(gin.get_configurable("harness.LiveGroupCurriculum")(),
+                    LiveGroupCurriculum)
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import subprocess
 import sys
 
@@ -134,6 +135,65 @@ def test_keep_best_ends_on_the_best_validated_state_across_a_resume(setup, tmp_p
   last = _run(setup, tmp_path / "plain", steps=6)  # the same run without keep_best
   assert any(not np.array_equal(a, b) for a, b in
              zip(_flat(last["state"].params), _flat(out["state"].params)))
+
+
+class PoolTask(DigitShareTask):
+  """DigitShareTask over 8 fixed training problems drawn with replacement (as SWE's tasks
+  are); every other one scores 0 on every row, so its groups are dead."""
+
+  def __init__(self, task):
+    super().__init__(task)
+    self.pool = task.train_problems(8, seed=0)
+    self.dead = {p.id for p in self.pool[::2]}
+
+  def train_problems(self, n, seed):
+    rng = random.Random(seed)
+    return [rng.choice(self.pool) for _ in range(n)]
+
+  def score_many(self, problems, texts):
+    return [{"correct": 0.0, "format": 0.0} if p.id in self.dead else s
+            for p, s in zip(problems, super().score_many(problems, texts))]
+
+
+def _run_curriculum(setup, workdir, steps):
+  """The run's harness, after training."""
+  from evotrainer.harness.curriculum import LiveGroupCurriculum
+  from evotrainer.harness.pipeline import Harness
+  from evotrainer.learner.step import Learner
+  task, tok, cfg = setup
+  harness = Harness(curriculum=LiveGroupCurriculum(pool=4.0, memory=1.0))
+  train(str(workdir), PoolTask(task.task), Transformer(cfg, rngs=nnx.Rngs(0)), tok, seed=3,
+        steps=steps, prompts_per_step=4, group_size=4, eval_every=100, checkpoint_every=1,
+        progress=False,
+        harness=harness,
+        eval_config=EvalConfig(num_problems=4, k=2, batch_rows=8, max_new_tokens=6),
+        learner_factory=lambda m, mesh, **kw: Learner(m, mesh, learning_rate=3e-3, **kw))
+  return harness
+
+
+@pytest.mark.slow
+def test_the_curriculum_picks_the_prompts_and_resumes_exactly(setup, tmp_path):
+  """Each step's 4 prompts are 4 distinct problems of the 8 (the curriculum's pick from
+  16 candidates; a plain draw of 4 with replacement repeats one in 59% of steps), the
+  counts hold every step's 4 groups once, and a resumed run draws what an uninterrupted
+  one draws."""
+  full = _run_curriculum(setup, tmp_path / "full", steps=5)
+  _run_curriculum(setup, tmp_path / "cut", steps=2)
+  _run_curriculum(setup, tmp_path / "cut", steps=5)
+  ids = {}
+  for name in ("full", "cut"):
+    eps = RolloutStore(tmp_path / name / "rollouts").read(split="train")
+    ids[name] = {s: [e.task_id for e in eps if e.step == s][::4] for s in range(1, 6)}
+  assert ids["full"] == ids["cut"]
+  assert all(len(set(v)) == 4 for v in ids["full"].values()), ids["full"]
+  counts = full.state()["curriculum/live_groups"]["counts"]
+  assert sum(seen for seen, _ in counts.values()) == 5 * 4
+  pool = PoolTask(setup[0].task)
+  assert all(live == 0 for pid, (_, live) in counts.items() if pid in pool.dead)
+  a, b = _metrics(tmp_path / "full"), _metrics(tmp_path / "cut")
+  for step in (3, 4, 5):
+    assert a[step]["learner/loss"] == pytest.approx(b[step]["learner/loss"], rel=1e-5,
+                                                    abs=1e-7)
 
 
 class _HashFilter:

@@ -43,7 +43,9 @@ CATALOG: dict = {
          "of groups whose binary rewards are all equal"),
         ("group_filters", ("add",), "advantage health rises: dead groups stop diluting "
          "the update"),
-        ("group_size", None, "fewer dead groups: larger groups are less often uniform")],
+        ("group_size", None, "fewer dead groups: larger groups are less often uniform"),
+        ("Harness.curriculum", None, "DGR falls: the step draws the prompts whose groups "
+         "were live (LiveGroupCurriculum), with no extra rollouts")],
     "reward_spread": [
         ("RewardComposer.parts", ("add",), "in-group reward spread rises with a "
          "continuous part")],

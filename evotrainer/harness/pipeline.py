@@ -5,6 +5,7 @@
       -> trajectory filters: keep mask + a reason per cut row
       -> group filters over each group's kept rows (composed rewards)
       -> DynamicSampling (optional): which groups form the batch, backfill
+      -> LiveGroupCurriculum (optional): counts each prompt's live groups for later draws
       -> advantages with the estimator over kept rows only, optional whitening
       -> HarnessOutput (+ metrics per component)
 
@@ -17,6 +18,7 @@ Configured in gin, e.g.
     Harness.group_filters = [@DropZeroVarianceGroups(), @StdGroupFilter()]
     Harness.estimator = 'grpo'
     Harness.dynamic_sampling = @DynamicSampling()
+    Harness.curriculum = @LiveGroupCurriculum()
 
 Stateful components (e.g. StdGroupFilter's EMA threshold) expose `state()` /
 `load_state()`; `Harness.state()` gathers them, and `HarnessOutput.state` is the state
@@ -39,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from evotrainer.harness.base import FilterResult, groups_of
+from evotrainer.harness.curriculum import LiveGroupCurriculum
 from evotrainer.harness.filters import (AbandonFilter, DropZeroVarianceGroups, DynamicSampling,
                                         EchoTrapFilter, IdleFilter, StdGroupFilter,
                                         TruncationFilter, dead_groups)
@@ -113,12 +116,15 @@ class Harness:
     estimator_kwargs: extra arguments of the estimator (e.g. {'ddof': 1}).
     whiten: whiten the advantages over the kept rows of the batch.
     dynamic_sampling: a DynamicSampling policy, or None (train on every group given).
+    curriculum: a LiveGroupCurriculum that picks each step's prompts from a larger draw
+      by how often their groups were live, or None (the task's own draw).
   """
 
   def __init__(self, composer: Optional[RewardComposer] = None,
                trajectory_filters: Sequence = (), group_filters: Sequence = (),
                estimator: str = "grpo", estimator_kwargs: Optional[dict] = None,
-               whiten: bool = False, dynamic_sampling: Optional[DynamicSampling] = None):
+               whiten: bool = False, dynamic_sampling: Optional[DynamicSampling] = None,
+               curriculum: Optional[LiveGroupCurriculum] = None):
     if estimator not in adv_lib.ESTIMATORS:
       raise ValueError(f"Harness.estimator={estimator!r}; expected one of "
                        f"{sorted(adv_lib.ESTIMATORS)}")
@@ -139,6 +145,7 @@ class Harness:
     self.estimator_kwargs = dict(estimator_kwargs or {})
     self.whiten = bool(whiten)
     self.dynamic_sampling = dynamic_sampling
+    self.curriculum = curriculum
 
   # -- state and description --------------------------------------------------------------
 
@@ -146,7 +153,9 @@ class Harness:
     out = {}
     for section, comps in (("composer", self.composer.components),
                            ("trajectory_filters", self.trajectory_filters),
-                           ("group_filters", self.group_filters)):
+                           ("group_filters", self.group_filters),
+                           ("curriculum", [] if self.curriculum is None
+                            else [self.curriculum])):
       for c in comps:
         if callable(getattr(c, "state", None)):
           out[f"{section}/{part_name(c)}"] = c
@@ -181,6 +190,8 @@ class Harness:
         "whiten": self.whiten,
         "dynamic_sampling": (None if self.dynamic_sampling is None
                              else describe_component(self.dynamic_sampling)),
+        "curriculum": (None if self.curriculum is None
+                       else describe_component(self.curriculum)),
     }
 
   # -- one step ---------------------------------------------------------------------------
@@ -201,7 +212,8 @@ class Harness:
       HarnessOutput. Metrics: 'cut/quarantine', 'cut/<filter>' (share of rows each
       trajectory filter cuts, on its own), 'cut/total'; 'groups/total', 'groups/passed',
       'groups/in_batch', 'groups/backfilled', 'groups_dropped/<filter>' (count, on its own);
-      'dead_group_ratio/raw' (all rows), '/before' (kept rows, before group filters),
+      'curriculum/problems', 'curriculum/live_share' (with a curriculum, after counting
+      this call's groups); 'dead_group_ratio/raw' (all rows), '/before' (kept rows, before group filters),
       '/after' (share of the batch's groups without a trainable signal: the passing
       groups, plus backfilled ones under dynamic sampling; 1 when no group trains);
       '<filter>/<figure>' from components with `metrics()`; 'reward/mean',
@@ -248,6 +260,9 @@ class Harness:
           if keep[i]:
             reasons[i] = f"{gf.name}: group {episodes[i].group_id} dropped"
       group_keep &= gk
+    if self.curriculum is not None:
+      self.curriculum.update(episodes)
+      metrics.update({f"curriculum/{k}": v for k, v in self.curriculum.metrics().items()})
     if not update_state:
       self.load_state(state_before)
 
