@@ -10,7 +10,10 @@ active validator; the best such branch becomes the incumbent. With
 `VerifyConfig.keep_on = 'mean'` a branch needs only a higher validation mean than its
 reference (and the parent), and with `'not_worse'` a mean at least as high (a tie too):
 its steps already trained the lineage further, so without evidence that it is worse it
-is not thrown away; validators still veto, and such a keep teaches no skill (its
+is not thrown away; with `'unless_worse'` any branch not worse beyond noise is kept (a
+single branch without a control is its parent trained further plus a change: rejecting
+it for a loss inside the noise throws away steps the static harness keeps); validators
+still veto, and such a keep teaches no skill (its
 evidence is within noise). A branch whose per-problem
 results equal the control's is inert: its knob never acted. When no change is kept and
 the control beats the parent beyond noise, the control (continued training) is promoted;
@@ -47,7 +50,7 @@ CONTINUE = {"id": "continue", "continuation": True,
             "description": "continuation: the incumbent trained further unchanged"}
 
 # What a branch must beat its reference by to be kept (`VerifyConfig.keep_on`).
-KEEP_ON = ("beyond_noise", "mean", "not_worse")
+KEEP_ON = ("beyond_noise", "mean", "not_worse", "unless_worse")
 
 # Verdicts that refute a change (`_verdict`): the controller never proposes it again
 # from a descendant that still holds the value it changed (proposal.excluded).
@@ -74,9 +77,10 @@ class VerifyConfig:
       'beyond_noise' (the paired interval above 0 after Holm's correction), 'mean'
       (a higher validation mean; for budgets whose validation split cannot separate the
       differences RL steps make, where rejecting a branch discards its steps) or
-      'not_worse' (a mean at least as high: a tie keeps the branch's steps too). A kept
-      branch is never below the parent ('not_worse': never below it either, a tie
-      allowed) and passes every validator.
+      'not_worse' (a mean at least as high: a tie keeps the branch's steps too) or
+      'unless_worse' (not worse beyond noise: the interval's upper end at least 0). A
+      kept branch is never below the parent ('not_worse': never below it either, a tie
+      allowed; 'unless_worse': never below it beyond noise) and passes every validator.
   """
   alpha: float = 0.05
   bootstrap_n: int = 2000
@@ -132,6 +136,8 @@ def passes(x: Mapping, keep_on: str = "beyond_noise") -> bool:
   `keep_on`: see `VerifyConfig`."""
   if x["failed"] or x.get("inert"):
     return False
+  if keep_on == "unless_worse":
+    return x.get("vs_control", x)["hi"] >= 0 and x["hi"] >= 0
   def ahead(diff: float) -> bool:
     return diff >= 0 if keep_on == "not_worse" else diff > 0
   better = beyond_noise(x) if keep_on == "beyond_noise" else ahead(x.get("vs_control", x)["diff"])
@@ -140,8 +146,8 @@ def passes(x: Mapping, keep_on: str = "beyond_noise") -> bool:
 
 
 def _weak_keep(x: Mapping) -> bool:
-  """A branch kept on its mean alone (`keep_on` 'mean' or 'not_worse'), not beyond
-  noise."""
+  """A branch kept on its mean alone (`keep_on` 'mean' or 'not_worse') or for not being
+  worse ('unless_worse'), not beyond noise."""
   return x.get("verdict") == "kept" and not x.get("control") and not beyond_noise(x)
 
 
@@ -432,8 +438,8 @@ class Promotion:
         "validator": lambda: validator_rejection(x, ci),
         "inert": lambda: (f"inert: per-problem validation results equal those of the "
                           f"control {vc['version']} (the change never acted)"),
-        "kept": lambda: (f"kept on the mean (keep_on={self.config.keep_on!r}), not "
-                         f"beyond noise: "
+        "kept": lambda: (f"kept {self._weak_rule()} (keep_on={self.config.keep_on!r}), "
+                         f"not beyond noise: "
                          f"{ci}{cci}; validators pass; no skill learned" if _weak_keep(x)
                          else f"kept: beats {ref}; Holm-corrected over {k} branches)"
                          f"{'; ' + ci if vc else ''}; validators pass"),
@@ -453,6 +459,10 @@ class Promotion:
     }.get(verdict, lambda: f"not beyond noise: {ci}{cci}")() + waived_note(x)
     return why, {"kept": "success", "continued": "success",
                  "better_not_best": "partial"}.get(verdict, "failure")
+
+  def _weak_rule(self) -> str:
+    return ("for not being worse beyond noise" if self.config.keep_on == "unless_worse"
+            else "on the mean")
 
   def _verdict(self, x: Mapping, best: Optional[Mapping]) -> str:
     """One of kept, continued, control, better_not_best, validator, inert, collapsed,

@@ -122,6 +122,29 @@ def test_keep_on_not_worse_keeps_a_tie_that_mean_rejects(tmp_path):
       assert _learned(tmp_path, name) == []
 
 
+def test_keep_on_unless_worse_keeps_a_loss_inside_the_noise_not_beyond_it(tmp_path):
+  """`keep_on='unless_worse'`: the -0.002 that 'mean' rejects is kept (inside the noise:
+  its steps stay on the lineage), said so, and teaches no skill; -1/8 on every problem
+  is worse beyond noise and rejected."""
+  everywhere = {p: -0.125 for p in PROBLEMS}
+  for name, shift, kept in (("inside", _shift(0.5, 0.046, 0.05), True),
+                            ("beyond", everywhere, False)):
+    c, ledger, _ = make(tmp_path, {}, name=name, trainer=ShiftTrainer({"'rloo'": shift}),
+                        branches=1, proposer="random", keep_on="unless_worse")
+    _one_knob(c, "Harness.estimator").run()
+    v = ledger.version("v1.0")
+    assert v.heldout["diff"] < 0
+    assert (v.status == "kept") is kept, (name, v.reason)
+    if kept:
+      assert v.heldout["lo"] < 0 < v.heldout["hi"]
+      assert v.reason.startswith("kept for not being worse beyond noise "
+                                 "(keep_on='unless_worse'), not beyond noise")
+      assert ledger.incumbent().id == "v1.0" and _learned(tmp_path, name) == []
+    else:
+      assert v.heldout["hi"] < 0 and v.heldout["verdict"] == "worse_beyond_noise"
+      assert ledger.incumbent().id == "v0"
+
+
 def test_keep_on_mean_still_credits_a_change_against_its_control(tmp_path):
   # Continuing gains +0.15; 'rloo' loses 0.002 on average against the control: not kept.
   c, ledger, _ = make(tmp_path, {}, trainer=ContinueTrainer(
