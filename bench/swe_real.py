@@ -46,7 +46,7 @@ the evaluation's own sampling (k episodes at temperature 1.0, and one greedy):
   machine, minutes load before and after, package versions, wall time
 
 Resumable per seed: a seed's result is written as soon as it exists, with the settings it
-ran under; a rerun with the same settings skips it. Other keys of the file are kept.
+ran under; a rerun with the same settings skips it (unless it lacks `samples`). Other keys of the file are kept.
 """
 
 from __future__ import annotations
@@ -96,6 +96,12 @@ def settings(args: argparse.Namespace) -> dict:
   the gin file's bindings and includes among them (`gin_digest`)."""
   return {"gin": args.gin, "levels": args.levels, "k": args.k, "tasks": args.tasks,
           "system": args.system, "gin_sha256": gin_digest([args.gin])}
+
+
+def is_stored(run: dict, args) -> bool:
+  """Whether a stored run is complete under the settings of `args`: a run measured before
+  the file kept sample episodes is measured again (the same keys: the same episodes)."""
+  return run.get("settings") == settings(args) and "samples" in run.get("result", {})
 
 
 def run_key(args: argparse.Namespace, seed: int) -> str:
@@ -278,7 +284,7 @@ def main() -> None:
         save_json(path, payload)
     for seed in ([] if args.overlap else args.seeds):
       key = run_key(args, seed)
-      if runs.get(key, {}).get("settings") == settings(args):
+      if is_stored(runs.get(key, {}), args):
         print(f"[swe_real] {key}: stored, skipped", flush=True)
         continue
       result = measure(rollout, params, problems, args.k, seed)

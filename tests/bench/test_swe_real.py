@@ -116,6 +116,16 @@ def test_resolve_table_puts_warm_beside_base():
   assert table["base_settings"]["gin"] == swe_real.GIN
 
 
+def test_a_stored_run_is_measured_again_only_without_samples_or_under_new_settings():
+  args = argparse.Namespace(levels=[0], k=2, tasks=None, system="default", gin=swe_real.GIN)
+  other = argparse.Namespace(**{**vars(args), "k": 4})
+  done = {"settings": swe_real.settings(args), "result": {"per_level": {}, "samples": {}}}
+  assert swe_real.is_stored(done, args)
+  assert not swe_real.is_stored(done, other)
+  assert not swe_real.is_stored({**done, "result": {"per_level": {}}}, args)
+  assert not swe_real.is_stored({}, args)
+
+
 def test_overlap_times_each_engine_after_a_warm_up_batch(monkeypatch):
   built, measured = [], []
   clock = iter([100.0, 130.0, 200.0, 220.0])  # lock-step 30 s, two waves 20 s
