@@ -39,7 +39,7 @@ class LiveGroupCurriculum:
   without replacement (weight: the live share, at least `floor`, so that a problem that
   was out of reach is still drawn now and then and its count can recover as the policy
   learns). With a procedural task whose prompts rarely repeat every weight is the prior's,
-  and the draw is the task's own.
+  and the pick is uniform among the task's draws: distributed as the task's own draw.
 
   Args:
     pool: candidates drawn per prompt needed (>= 1; 1: the task's own draw, deduplicated).
