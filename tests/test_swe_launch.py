@@ -6,6 +6,7 @@ import json
 import os
 
 import gin
+import numpy as np
 import pytest
 
 from evotrainer import registry
@@ -75,14 +76,17 @@ def test_dead_groups_on_swe_can_lead_to_the_curriculum(parsed):
 
 @pytest.mark.slow
 def test_launch_swe_train_end_to_end_on_the_toy_library(tmp_path):
-  """2 RL steps through the launcher on the toy library: validation and test figures in
-  summary.json (with the test episodes' report), and stored rollouts whose episodes carry tool calls."""
+  """2 RL steps through the launcher on the toy library, prompts picked by the live-group
+  curriculum: validation and test figures in summary.json (with the test episodes'
+  report), stored rollouts whose episodes carry tool calls, and the curriculum's counts
+  over the problems the stored steps drew."""
   from evotrainer.rollouts.store import RolloutStore
   from tests.tasks.swe.conftest import launch_on_toy
   workdir = tmp_path / "run"
   proc = launch_on_toy(
       tmp_path, "gin/swe_train.gin", "MAX_TURNS = 2", "TurnBudget.max_tokens_per_turn = 24",
-      "TurnBudget.max_context = 384", "ModelConfig.max_position_embeddings = 384")
+      "TurnBudget.max_context = 384", "ModelConfig.max_position_embeddings = 384",
+      "Harness.curriculum = @LiveGroupCurriculum()")
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["mode"] == "train" and summary["steps"] == 2
@@ -97,6 +101,22 @@ def test_launch_swe_train_end_to_end_on_the_toy_library(tmp_path):
   assert len(episodes) == 2 * 4 * 4
   assert all(isinstance(ep.info.get("tool_calls"), list) for ep in episodes)
   assert all(ep.info.get("stop") for ep in episodes)
+  rows = {r["step"]: r for r in map(json.loads, (workdir / "metrics.jsonl").open())
+          if "harness/curriculum/problems" in r}
+  # The counts by hand from the stored groups (memory 0.8, prior 1): a group is live when
+  # its rewards differ.
+  counts: dict = {}
+  for step in (1, 2):
+    groups: dict = {}
+    for ep in (e for e in episodes if e.step == step):
+      groups.setdefault(ep.group_id, []).append(ep)
+    for g in (groups[k] for k in sorted(groups)):
+      seen, live = counts.get(g[0].task_id, (0.0, 0.0))
+      is_live = max(e.reward for e in g) > min(e.reward for e in g)
+      counts[g[0].task_id] = (0.8 * seen + 1, 0.8 * live + is_live)
+    shares = [(live + 1) / (seen + 2) for seen, live in counts.values()]
+    assert rows[step]["harness/curriculum/problems"] == len(counts)
+    assert rows[step]["harness/curriculum/live_share"] == pytest.approx(np.mean(shares))
 
 
 def test_swe_smol_warm_gin_warm_starts_the_pretrained_policy(parsed):
