@@ -46,7 +46,8 @@ the evaluation's own sampling (k episodes at temperature 1.0, and one greedy):
   machine, minutes load before and after, package versions, wall time
 
 Resumable per seed: a seed's result is written as soon as it exists, with the settings it
-ran under; a rerun with the same settings skips it (unless it lacks `samples`). Other keys of the file are kept.
+ran under; a rerun with the same settings skips it (unless it lacks `samples`). Other
+keys of the file are kept.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
       -> RewardComposer: reward parts, composed reward, quarantine of non-finite rows
       -> trajectory filters: keep mask + a reason per cut row
       -> group filters over each group's kept rows (composed rewards)
-      -> DynamicSampling (optional): which groups form the batch, backfill
       -> LiveGroupCurriculum (optional): counts each prompt's live groups for later draws
+      -> DynamicSampling (optional): which groups form the batch, backfill
       -> advantages with the estimator over kept rows only, optional whitening
       -> HarnessOutput (+ metrics per component)
 
@@ -213,7 +213,8 @@ class Harness:
       trajectory filter cuts, on its own), 'cut/total'; 'groups/total', 'groups/passed',
       'groups/in_batch', 'groups/backfilled', 'groups_dropped/<filter>' (count, on its own);
       'curriculum/problems', 'curriculum/live_share' (with a curriculum, after counting
-      this call's groups); 'dead_group_ratio/raw' (all rows), '/before' (kept rows, before group filters),
+      this call's groups); 'dead_group_ratio/raw' (all rows), '/before' (kept rows,
+      before group filters),
       '/after' (share of the batch's groups without a trainable signal: the passing
       groups, plus backfilled ones under dynamic sampling; 1 when no group trains);
       '<filter>/<figure>' from components with `metrics()`; 'reward/mean',
