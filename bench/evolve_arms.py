@@ -193,11 +193,10 @@ def lineage_steps(summary: Mapping) -> int:
 # The layer of a retained change, by the gin binding it sets (the paper's grouping: reward,
 # filter, data, optimisation, diagnostics); the first matching prefix wins.
 LAYERS = (("RewardComposer.", "reward"), ("Harness.curriculum", "data"),
-          ("Harness.", "filter"),
-          ("Learner.", "optimisation"), ("SamplingParams.", "optimisation"),
-          ("train.", "optimisation"), ("MathTask.", "data"), ("CodeTask.", "data"),
-          ("SweDomain.", "data"), ("evolve.diagnostics", "diagnostics"),
-          ("evolve.validators", "diagnostics"))
+          ("Harness.", "filter"), ("Learner.", "optimisation"),
+          ("SamplingParams.", "optimisation"), ("train.", "optimisation"),
+          ("MathTask.", "data"), ("CodeTask.", "data"), ("SweDomain.", "data"),
+          ("evolve.diagnostics", "diagnostics"), ("evolve.validators", "diagnostics"))
 
 
 def layer_of(binding: str) -> str:
