@@ -432,6 +432,52 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
   """
   if steps <= 0:
     return model
+  _check_arguments(model, tokenizer, task, batch_size=batch_size,
+                   learning_rate=learning_rate, target_accuracy=target_accuracy,
+                   target_validity=target_validity, top_layers=top_layers,
+                   bucket_width=bucket_width, max_tokens=max_tokens)
+  settings = {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate,
+              "seed": seed, "vocab_limit": tokenizer.vocab_size,
+              "target_accuracy": target_accuracy, "check_every": check_every,
+              "check_problems": check_problems, "target_validity": target_validity,
+              "top_layers": top_layers, "bucket_width": bucket_width,
+              "max_tokens": max_tokens}
+  # Unset options stay out of the cache key (entries made before they existed stay valid).
+  settings = {k: v for k, v in settings.items()
+              if v is not None or k == "target_accuracy"}
+  problems: list[Problem] = task.train_problems(min(steps * batch_size, max_problems), seed)
+  data, buckets = _warm_data(tokenizer, task, problems, bucket_width, max_tokens, batch_size)
+  if getattr(task, "solution_segments", None) or buckets:
+    # The loss mask is not all completion tokens: part of the key.
+    settings["mask_sha256"] = hashlib.sha256(np.packbits(data.loss_mask).tobytes()).hexdigest()
+  key = cache_key(model, tokenizer, task, data, settings)
+  path = os.path.join(os.path.expanduser(cache_dir), f"warmstart-{key[:32]}")
+  if _restored(path, model):
+    return model
+  start, checks = time.time(), []
+  stop = _stop_rule(model, tokenizer, task, seed=seed, mesh=mesh, record=checks,
+                    target_accuracy=target_accuracy, target_validity=target_validity,
+                    check_problems=check_problems)
+  history = _train(model, data, steps=steps, batch_size=batch_size,
+                   learning_rate=learning_rate, seed=seed, vocab_limit=tokenizer.vocab_size,
+                   mesh=mesh, rules=rules, check_every=check_every, stop=stop,
+                   buckets=buckets, trainable=TrainableSet.for_config(model.config, top_layers))
+  seconds = time.time() - start
+  log.info("warm start: %d steps in %.1fs, loss %.3f -> %.3f; saved to %s", len(history),
+           seconds, history[0], history[-1], path)
+  meta = {"settings": settings, "problems": len(problems), "seconds": round(seconds, 2),
+          "steps_run": len(history), "checks": checks,
+          "losses": [round(x, 5) for x in history], "key": key}
+  _save(path, model, meta)
+  return model
+
+
+def _check_arguments(model: Transformer, tokenizer: Tokenizer, task: Any, *,
+                     batch_size: int, learning_rate: float,
+                     target_accuracy: Optional[float], target_validity: Optional[float],
+                     top_layers: Optional[int], bucket_width: Optional[int],
+                     max_tokens: Optional[int]) -> None:
+  """`warm_start`'s arguments that cannot work together, as ValueErrors that name them."""
   if batch_size <= 0 or learning_rate <= 0:
     raise ValueError(f"warm_start: batch_size={batch_size} and learning_rate="
                      f"{learning_rate} must be positive")
@@ -446,97 +492,92 @@ def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: in
     raise ValueError(f"warm_start.target_validity needs a multi-turn task with "
                      f"call_parses() and solution_segments(); {type(task).__name__} has "
                      f"not (use target_accuracy)")
-  problems: list[Problem] = task.train_problems(min(steps * batch_size, max_problems), seed)
+  if tokenizer.vocab_size > model.config.vocab_size:
+    raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size "
+                     f"is {model.config.vocab_size}")
+  if top_layers is not None and (type(top_layers) is not int
+                                 or not 1 <= top_layers <= model.config.num_layers):
+    raise ValueError(f"warm_start.top_layers={top_layers!r}: expected None (every "
+                     f"parameter) or 1..{model.config.num_layers} (the model's blocks)")
+  if max_tokens is not None and bucket_width is None:
+    raise ValueError("warm_start.max_tokens cuts packed rows: set warm_start.bucket_width "
+                     "too")
+
+
+def _warm_data(tokenizer: Tokenizer, task: Any, problems: Sequence[Problem],
+               bucket_width: Optional[int], max_tokens: Optional[int], batch_size: int
+               ) -> tuple[TrainBatch, Optional[list]]:
+  """The supervised rows of `problems` and, with `bucket_width`, their length buckets
+  (rows packed, cut to `max_tokens`, rows left with no trained token dropped)."""
   # A multi-turn task gives its episodes as segments: observations are masked.
   segments = getattr(task, "solution_segments", None)
   data = solution_batch(tokenizer, [task.format_prompt(p) for p in problems],
                         [segments(p) if segments else p.solution for p in problems])
-  vocab_limit = tokenizer.vocab_size
-  if vocab_limit > model.config.vocab_size:
-    raise ValueError(f"tokenizer has {vocab_limit} ids but the model's vocab_size is "
-                     f"{model.config.vocab_size}")
-  settings = {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate,
-              "seed": seed, "vocab_limit": vocab_limit, "target_accuracy": target_accuracy,
-              "check_every": check_every, "check_problems": check_problems}
-  if target_validity is not None:
-    settings["target_validity"] = target_validity
-  if top_layers is not None:
-    if type(top_layers) is not int or not 1 <= top_layers <= model.config.num_layers:
-      raise ValueError(f"warm_start.top_layers={top_layers!r}: expected None (every "
-                       f"parameter) or 1..{model.config.num_layers} (the model's blocks)")
-    settings["top_layers"] = top_layers
-  trainable = TrainableSet.for_config(model.config, top_layers)
-  buckets = None
-  if max_tokens is not None and bucket_width is None:
-    raise ValueError("warm_start.max_tokens cuts packed rows: set warm_start.bucket_width "
-                     "too")
-  if bucket_width is not None:
-    data = pack_prompts(data, tokenizer.pad_id, max_tokens)
-    settings["bucket_width"] = bucket_width
-    if max_tokens is not None:
-      settings["max_tokens"] = max_tokens
-      kept = np.flatnonzero(data.loss_mask.any(axis=1))
-      if not len(kept):
-        raise ValueError(f"warm_start.max_tokens={max_tokens}: every prompt is as long; "
-                         f"nothing is left to train on")
-      if len(kept) < len(problems):
-        log.info("warm start: %d of %d rows have no trained token in their first %d; "
-                 "dropped", len(problems) - len(kept), len(problems), max_tokens)
-        data = _rows(data, kept)
-    buckets = length_buckets(data.completion_lengths, bucket_width, batch_size)
-    log.info("warm start: %d rows in length buckets %s", len(data.completion_lengths),
-             {w: len(rows) for w, rows in buckets})
-  if segments or buckets:  # the loss mask is not all completion tokens: part of the key
-    settings["mask_sha256"] = hashlib.sha256(np.packbits(data.loss_mask).tobytes()).hexdigest()
-  key = cache_key(model, tokenizer, task, data, settings)
-  path = os.path.join(os.path.expanduser(cache_dir), f"warmstart-{key[:32]}")
-  # Every process restores, or every process trains: one host missing the entry (a
-  # cache on local disk) must not leave the others waiting in a collective.
-  if all_true(os.path.isdir(path)):
-    try:
-      checkpoint.restore_params_into(path, model)
-      log.info("warm start: cache hit %s", path)
-      return model
-    except checkpoint.CheckpointError as e:
-      log.warning("warm start: cache entry %s is unusable (%s); training again", path, e)
-  start = time.time()
-  stop = None
-  checks: list = []
+  if bucket_width is None:
+    return data, None
+  data = pack_prompts(data, tokenizer.pad_id, max_tokens)
+  if max_tokens is not None:
+    kept = np.flatnonzero(data.loss_mask.any(axis=1))
+    if not len(kept):
+      raise ValueError(f"warm_start.max_tokens={max_tokens}: every prompt is as long; "
+                       f"nothing is left to train on")
+    if len(kept) < len(problems):
+      log.info("warm start: %d of %d rows have no trained token in their first %d; "
+               "dropped", len(problems) - len(kept), len(problems), max_tokens)
+      data = _rows(data, kept)
+  buckets = length_buckets(data.completion_lengths, bucket_width, batch_size)
+  log.info("warm start: %d rows in length buckets %s", len(data.completion_lengths),
+           {w: len(rows) for w, rows in buckets})
+  return data, buckets
+
+
+def _restored(path: str, model: Transformer) -> bool:
+  """Restores the cached warm start at `path` into `model`; False when there is none (or
+  it is unusable). Every process restores, or every process trains: one host missing the
+  entry (a cache on local disk) must not leave the others waiting in a collective."""
+  if not all_true(os.path.isdir(path)):
+    return False
+  try:
+    checkpoint.restore_params_into(path, model)
+  except checkpoint.CheckpointError as e:
+    log.warning("warm start: cache entry %s is unusable (%s); training again", path, e)
+    return False
+  log.info("warm start: cache hit %s", path)
+  return True
+
+
+def _save(path: str, model: Transformer, meta: dict) -> None:
+  try:
+    checkpoint.save_model(path, model, metadata=meta, overwrite=os.path.isdir(path))
+  except FileExistsError:  # another process finished the same warm start first
+    log.info("warm start: %s was written meanwhile; keeping it", path)
+
+
+def _stop_rule(model: Transformer, tokenizer: Tokenizer, task: Any, *, seed: int,
+               mesh: Optional[Mesh], record: list, target_accuracy: Optional[float],
+               target_validity: Optional[float], check_problems: int
+               ) -> Optional[Callable[[nnx.State], bool]]:
+  """`warm_start`'s early stop: sampled accuracy or first-turn validity on training
+  problems past the ones trained on (never held-out ones); None without a target."""
+  if target_accuracy is None and target_validity is None:
+    return None
+  val = task.train_problems(check_problems, seed + 104729)
   if target_accuracy is not None:
-    # Validation problems come from the training distribution, past the ones trained on.
-    val = task.train_problems(check_problems, seed + 104729)
     longest = max(len(tokenizer.encode(p.solution)) for p in val) + 1
 
     def accuracy(problems, texts):
       return [s["correct"] for s in task.score_many(problems, texts)]
 
-    stop = _sampled_stop(model, tokenizer, task, val, target_accuracy, seed, mesh, checks,
+    return _sampled_stop(model, tokenizer, task, val, target_accuracy, seed, mesh, record,
                          longest, accuracy, "accuracy")
-  elif target_validity is not None:
-    val = task.train_problems(check_problems, seed + 104729)
-    # The first model turn and its eos: the first trained segment.
-    longest = max(len(tokenizer.encode(segments(p)[0][0])) for p in val) + 1
+  # The first model turn and its eos: the first trained segment.
+  longest = max(len(tokenizer.encode(task.solution_segments(p)[0][0])) for p in val) + 1
 
-    def validity(problems, texts):
-      return [float(task.call_parses(t)) for t in texts]
+  def validity(problems, texts):
+    return [float(task.call_parses(t)) for t in texts]
 
-    stop = _sampled_stop(model, tokenizer, task, val, target_validity, seed, mesh, checks,
-                         longest, validity, "validity")
-  history = _train(model, data, steps=steps, batch_size=batch_size,
-                   learning_rate=learning_rate, seed=seed, vocab_limit=vocab_limit,
-                   mesh=mesh, rules=rules, check_every=check_every, stop=stop,
-                   buckets=buckets, trainable=trainable)
-  seconds = time.time() - start
-  log.info("warm start: %d steps in %.1fs, loss %.3f -> %.3f; saved to %s", len(history),
-           seconds, history[0], history[-1], path)
-  meta = {"settings": settings, "problems": len(problems), "seconds": round(seconds, 2),
-          "steps_run": len(history), "checks": checks,
-          "losses": [round(x, 5) for x in history], "key": key}
-  try:
-    checkpoint.save_model(path, model, metadata=meta, overwrite=os.path.isdir(path))
-  except FileExistsError:  # another process finished the same warm start first
-    log.info("warm start: %s was written meanwhile; keeping it", path)
-  return model
+  return _sampled_stop(model, tokenizer, task, val, target_validity, seed, mesh, record,
+                       longest, validity, "validity")
 
 
 def _sampled_stop(model: Transformer, tokenizer: Tokenizer, task: Any,
