@@ -153,3 +153,53 @@ def test_overlap_times_each_engine_after_a_warm_up_batch(monkeypatch):
                       "resolve": 0.5, "mean_turns": 3.0}
   assert got["2"]["seconds"] == 20.0 and got["2"]["episodes_per_s"] == 0.3
   assert got["speedup"] == 1.5
+
+
+def _leak_result(kept_resolve, cleared_resolve, read_share, episodes=8):
+  level = {"1": {"episodes": episodes}}
+  return {"kept": {"avg4": kept_resolve, "history_read_share": read_share,
+                   "per_level": level},
+          "cleared": {"avg4": cleared_resolve, "history_read_share": 0.0,
+                      "per_level": level}}
+
+
+def test_leak_summary_averages_seeds_by_hand():
+  runs = {"a": {"result": _leak_result(0.25, 0.125, 0.5)},
+          "b": {"result": _leak_result(0.75, 0.125, 0.0)}}
+  got = swe_real.leak_summary(runs)
+  assert got == {"history_read_share": 0.25, "history_read_share_cleared": 0.0,
+                 "resolve_history_kept": 0.5, "resolve_history_cleared": 0.125,
+                 "episodes": 16, "seeds": 2, "rejected_by": None}
+
+
+def test_leak_summary_refuses_runs_of_different_k():
+  other = _leak_result(0.5, 0.5, 0.0)
+  other["kept"]["avg2"] = other["kept"].pop("avg4")
+  import pytest
+  with pytest.raises(ValueError, match="different k"):
+    swe_real.leak_summary({"a": {"result": _leak_result(0.5, 0.5, 0.0)},
+                           "b": {"result": other}})
+
+
+def test_measure_leak_resumes_per_seed_and_redoes_a_changed_hint(monkeypatch, tmp_path):
+  args = argparse.Namespace(levels=[1], k=4, tasks=None, system="default", gin=swe_real.GIN,
+                            seeds=[0, 1])
+  calls = []
+
+  def leak(args, model, tok, tool_config, seed):
+    calls.append(seed)
+    return _leak_result(0.5, 0.25, 0.5 * seed)
+  monkeypatch.setattr(swe_real, "leak", leak)
+  path = str(tmp_path / "swe.json")
+  payload = {"leak_runs": {"default/seed0": {"settings": swe_real.settings(args),
+                                             "git_hint": swe_real.GIT_HINT,
+                                             "result": _leak_result(1.0, 0.0, 1.0)}}}
+  swe_real.measure_leak(args, payload, path, "model", "tok", "tools")
+  assert calls == [1]  # seed 0 was stored under the same settings and hint
+  assert payload["leak"]["resolve_history_kept"] == 0.75  # (1.0 + 0.5) / 2
+  assert payload["leak"]["history_read_share"] == 0.75  # (1.0 + 0.5) / 2
+  assert swe_real.load_json(path)["leak"] == payload["leak"]
+  monkeypatch.setattr(swe_real, "GIT_HINT", "another hint")
+  swe_real.measure_leak(args, payload, path, "model", "tok", "tools")
+  assert calls == [1, 0, 1]
+  assert payload["leak"]["history_read_share"] == 0.25  # (0.0 + 0.5) / 2
