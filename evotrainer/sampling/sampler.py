@@ -183,87 +183,115 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
     # it anyway (same values), and a bf16 decode step then reads half the bytes.
     model = nnx.merge(graphdef, jax.tree.map(
         functools.partial(_to_compute_dtype, model.config.jnp_dtype), params))
-    v = model.config.vocab_size
-
-    b, m = prompt_tokens.shape
-    small = b <= _TRANSPOSED_HEAD_ROWS and jax.default_backend() == "cpu"
-    decode_head = _transposed_head(model) if small else None
-
-    def head(h):  # [B, 1, E] -> [B, V]
-      logits = model.logits(h)[:, 0] if decode_head is None else decode_head(h[:, 0])
-      if vocab_limit is not None and vocab_limit < v:
-        logits = jnp.where(jnp.arange(v) < vocab_limit, logits, jnp.finfo(jnp.float32).min)
-      return logits
-
-    n = max_new_tokens
-    p = m if shift is None else width
-    s = p + n
+    head = _decode_head(model, prompt_tokens.shape[0], vocab_limit)
+    p = prompt_tokens.shape[1] if shift is None else width
+    s = p + max_new_tokens
     if shift is not None:
       cache = shift_cache(cache, shift, s)
     pad = p - prompt_lengths  # [B] left padding per row
-    slots = jnp.arange(s, dtype=jnp.int32)
-
-    # Prefill: the chunk fills cache slots [P - M, P). A fresh prompt (M = P) attends
-    # within itself; a continuation's chunk attends over the whole (shifted) cache.
-    chunk_slots = slots[p - m:p]
-    keys = chunk_slots if shift is None else slots
-    positions = jnp.maximum(chunk_slots[None, :] - pad[:, None], 0)
-    mask = ((keys[None, None, :] <= chunk_slots[None, :, None])
-            & (keys[None, None, :] >= pad[:, None, None]))
-    if group > 1:
-      if shift is not None:
-        raise ValueError("a shared prefill (group > 1) cannot continue a prefix")
-      first_rows = lambda x: x[::group]  # one row per prompt group: [B / G, ...]
-      cache = KVCache(k=tuple(map(first_rows, cache.k)), v=tuple(map(first_rows, cache.v)))
-      prompt_tokens, positions, mask = map(first_rows, (prompt_tokens, positions, mask))
-    # The last layer's queries and MLP run on the last prompt slot only.
-    hidden, cache = model(prompt_tokens, positions, mask, cache=cache, cache_index=p - m,
-                          query_slice=(m - 1, m))
-    logits = head(hidden)  # [B, V] ([B / G, V] when shared), last position only
-    if group > 1:
-      to_rows = lambda x, axes: constrain(jnp.repeat(x, group, axis=0), axes)
-      cache = KVCache(k=tuple(to_rows(x, K_CACHE_AXES) for x in cache.k),
-                      v=tuple(to_rows(x, V_CACHE_AXES) for x in cache.v))
-      logits = to_rows(logits, ("batch", "vocab"))
-    rng, key = jax.random.split(rng)
-    first, first_logp = select(logits, key, temperature, top_k=top_k, top_p=top_p,
-                               greedy=greedy)
-    done = _is_stop(first, stop_ids)
-    tokens = jnp.full((b, n), pad_id, jnp.int32).at[:, 0].set(first)
-    logprobs = jnp.zeros((b, n), jnp.float32).at[:, 0].set(first_logp)
-    state = DecodeState(step=jnp.int32(1), tokens=constrain(tokens, ("batch", None)),
-                        logprobs=logprobs, done=done, lengths=jnp.ones((b,), jnp.int32),
-                        cache=cache, rng=rng)
-
-    def cond(st: DecodeState):
-      return (st.step < n) & ~jnp.all(st.done)
-
-    def body(st: DecodeState):
-      index = p + st.step - 1  # slot of the token being fed
-      last = jax.lax.dynamic_slice_in_dim(st.tokens, st.step - 1, 1, axis=1)  # [B, 1]
-      pos = (index - pad)[:, None]
-      key_valid = (slots[None, :] >= pad[:, None]) & (slots[None, :] <= index)  # [B, S]
-      step_mask = key_valid[:, None, :]
-      h, new_cache = model(last, pos, step_mask, cache=st.cache, cache_index=index)
-      step_logits = head(h)
-      rng, key = jax.random.split(st.rng)
-      ids, logp = select(step_logits, key, temperature, top_k=top_k, top_p=top_p,
-                         greedy=greedy)
-      live = ~st.done
-      ids = jnp.where(live, ids, pad_id)
-      logp = jnp.where(live, logp, 0.0)
-      tokens = jax.lax.dynamic_update_slice_in_dim(st.tokens, ids[:, None], st.step, axis=1)
-      logprobs = jax.lax.dynamic_update_slice_in_dim(st.logprobs, logp[:, None], st.step,
-                                                     axis=1)
-      return DecodeState(step=st.step + 1, tokens=tokens, logprobs=logprobs,
-                         done=st.done | (live & _is_stop(ids, stop_ids)),
-                         lengths=st.lengths + live.astype(jnp.int32), cache=new_cache,
-                         rng=rng)
-
-    state = jax.lax.while_loop(cond, body, state)
+    logits, cache = _prefill(model, head, cache, prompt_tokens, pad, p=p, s=s,
+                             continued=shift is not None, group=group)
+    pick = functools.partial(select, temperature=temperature, top_k=top_k, top_p=top_p,
+                             greedy=greedy)
+    state = _first_state(logits, cache, rng, stop_ids, pick, n=max_new_tokens,
+                         pad_id=pad_id)
+    step = _decode_step(model, head, pad, stop_ids, pick, p=p, s=s, pad_id=pad_id)
+    state = jax.lax.while_loop(
+        lambda st: (st.step < max_new_tokens) & ~jnp.all(st.done), step, state)
     out = SamplerOutput(tokens=state.tokens, logprobs=state.logprobs,
                         lengths=state.lengths, truncated=~state.done)
     return out, state.cache
+
+
+def _decode_head(model: Transformer, rows: int, vocab_limit: Optional[int]):
+  """The LM head at one position, `[B, 1, E] -> [B, V]` float32 logits (ids at or past
+  `vocab_limit` masked out), in `_transposed_head`'s form for few rows on XLA:CPU."""
+  v = model.config.vocab_size
+  small = rows <= _TRANSPOSED_HEAD_ROWS and jax.default_backend() == "cpu"
+  decode_head = _transposed_head(model) if small else None
+
+  def head(h):
+    logits = model.logits(h)[:, 0] if decode_head is None else decode_head(h[:, 0])
+    if vocab_limit is not None and vocab_limit < v:
+      logits = jnp.where(jnp.arange(v) < vocab_limit, logits, jnp.finfo(jnp.float32).min)
+    return logits
+
+  return head
+
+
+def _prefill(model: Transformer, head, cache: KVCache, prompt_tokens: jax.Array,
+             pad: jax.Array, *, p: int, s: int, continued: bool, group: int):
+  """Runs the prompt chunk into cache slots [P - M, P) and returns (the last position's
+  logits [B, V], the cache). A fresh prompt (M = P) attends within itself; a
+  continuation's chunk attends over the whole (shifted) cache. With `group` G > 1 the
+  chunk runs on one row per prompt group and its keys, values and logits are repeated
+  to the group's G rows."""
+  m = prompt_tokens.shape[1]
+  slots = jnp.arange(s, dtype=jnp.int32)
+  chunk_slots = slots[p - m:p]
+  keys = slots if continued else chunk_slots
+  positions = jnp.maximum(chunk_slots[None, :] - pad[:, None], 0)
+  mask = ((keys[None, None, :] <= chunk_slots[None, :, None])
+          & (keys[None, None, :] >= pad[:, None, None]))
+  if group > 1:
+    if continued:
+      raise ValueError("a shared prefill (group > 1) cannot continue a prefix")
+    first_rows = lambda x: x[::group]  # one row per prompt group: [B / G, ...]
+    cache = KVCache(k=tuple(map(first_rows, cache.k)), v=tuple(map(first_rows, cache.v)))
+    prompt_tokens, positions, mask = map(first_rows, (prompt_tokens, positions, mask))
+  # The last layer's queries and MLP run on the last prompt slot only.
+  hidden, cache = model(prompt_tokens, positions, mask, cache=cache, cache_index=p - m,
+                        query_slice=(m - 1, m))
+  logits = head(hidden)  # [B, V] ([B / G, V] when shared), last position only
+  if group > 1:
+    to_rows = lambda x, axes: constrain(jnp.repeat(x, group, axis=0), axes)
+    cache = KVCache(k=tuple(to_rows(x, K_CACHE_AXES) for x in cache.k),
+                    v=tuple(to_rows(x, V_CACHE_AXES) for x in cache.v))
+    logits = to_rows(logits, ("batch", "vocab"))
+  return logits, cache
+
+
+def _first_state(logits: jax.Array, cache: KVCache, rng: jax.Array, stop_ids: jax.Array,
+                 pick, *, n: int, pad_id: int) -> DecodeState:
+  """The decode loop's carry after the first token, picked from the prefill's logits."""
+  b = logits.shape[0]
+  rng, key = jax.random.split(rng)
+  first, first_logp = pick(logits, key)
+  tokens = jnp.full((b, n), pad_id, jnp.int32).at[:, 0].set(first)
+  logprobs = jnp.zeros((b, n), jnp.float32).at[:, 0].set(first_logp)
+  return DecodeState(step=jnp.int32(1), tokens=constrain(tokens, ("batch", None)),
+                     logprobs=logprobs, done=_is_stop(first, stop_ids),
+                     lengths=jnp.ones((b,), jnp.int32), cache=cache, rng=rng)
+
+
+def _decode_step(model: Transformer, head, pad: jax.Array, stop_ids: jax.Array, pick, *,
+                 p: int, s: int, pad_id: int):
+  """The decode loop's body: feeds each row's last token at slot P + step - 1 (attending
+  over its prompt and what it generated so far), picks the next; finished rows emit
+  `pad_id` with log-prob 0."""
+  slots = jnp.arange(s, dtype=jnp.int32)
+
+  def body(st: DecodeState) -> DecodeState:
+    index = p + st.step - 1  # slot of the token being fed
+    last = jax.lax.dynamic_slice_in_dim(st.tokens, st.step - 1, 1, axis=1)  # [B, 1]
+    pos = (index - pad)[:, None]
+    key_valid = (slots[None, :] >= pad[:, None]) & (slots[None, :] <= index)  # [B, S]
+    h, new_cache = model(last, pos, key_valid[:, None, :], cache=st.cache,
+                         cache_index=index)
+    rng, key = jax.random.split(st.rng)
+    ids, logp = pick(head(h), key)
+    live = ~st.done
+    ids = jnp.where(live, ids, pad_id)
+    logp = jnp.where(live, logp, 0.0)
+    tokens = jax.lax.dynamic_update_slice_in_dim(st.tokens, ids[:, None], st.step, axis=1)
+    logprobs = jax.lax.dynamic_update_slice_in_dim(st.logprobs, logp[:, None], st.step,
+                                                   axis=1)
+    return DecodeState(step=st.step + 1, tokens=tokens, logprobs=logprobs,
+                       done=st.done | (live & _is_stop(ids, stop_ids)),
+                       lengths=st.lengths + live.astype(jnp.int32), cache=new_cache,
+                       rng=rng)
+
+  return body
 
 
 def _to_compute_dtype(dtype, x: jax.Array) -> jax.Array:
