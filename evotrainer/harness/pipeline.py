@@ -228,54 +228,19 @@ class Harness:
 
     composed = self.composer(episodes)
     rewards = composed.rewards  # [n] float32
-    keep = composed.quarantine.keep.copy()  # [n] bool
-    reasons = list(composed.quarantine.reasons)
-    metrics["cut/quarantine"] = float((~keep).mean())
-    for f in self.trajectory_filters:
-      res = f(episodes)
-      k = self._check_filter_result(f, res, n)
-      metrics[f"cut/{f.name}"] = float((~k).mean())
-      for i in np.flatnonzero(~k & keep):
-        reasons[i] = res.reasons[i] or f"{f.name}: cut"
-      keep &= k
-    metrics["cut/total"] = float((~keep).mean())
-
+    keep, reasons = self._trajectory_cut(episodes, composed, metrics)
     rows = np.arange(n).reshape(num_groups, group_size)  # [G, group_size]
     kept_groups = [[episodes[i] for i in r if keep[i]] for r in rows]
     metrics["dead_group_ratio/raw"] = float(dead_groups(groups_of(episodes)).mean())
     metrics["dead_group_ratio/before"] = float(dead_groups(kept_groups).mean())
-
-    group_keep = np.ones(num_groups, bool)  # [G]
-    for gf in self.group_filters:
-      gk = gf(kept_groups)
-      if not (isinstance(gk, np.ndarray) and gk.dtype == bool and gk.shape == (num_groups,)):
-        got = (f"{type(gk).__name__} {getattr(gk, 'dtype', '')} {getattr(gk, 'shape', '')}")
-        raise ValueError(f"group filter {part_name(gf)!r} returned {got}; expected a bool "
-                         f"array of shape ({num_groups},) (is it a trajectory filter? list it "
-                         f"in Harness.trajectory_filters)")
-      metrics[f"groups_dropped/{gf.name}"] = int((~gk).sum())
-      if callable(getattr(gf, "metrics", None)):
-        metrics.update({f"{gf.name}/{k}": v for k, v in gf.metrics().items()})
-      for g in np.flatnonzero(~gk & group_keep):
-        for i in rows[g]:
-          if keep[i]:
-            reasons[i] = f"{gf.name}: group {episodes[i].group_id} dropped"
-      group_keep &= gk
+    group_keep = self._group_cut(episodes, kept_groups, rows, keep, reasons, metrics)
     if self.curriculum is not None:
       self.curriculum.update(episodes)
       metrics.update({f"curriculum/{k}": v for k, v in self.curriculum.metrics().items()})
     if not update_state:
       self.load_state(state_before)
 
-    target = num_groups if target_groups is None else int(target_groups)
-    if self.dynamic_sampling is not None:
-      sel = self.dynamic_sampling.select(group_keep, target)
-      batch_groups, backfilled = sel.groups, sel.num_backfilled
-    elif target != num_groups:
-      raise ValueError(f"Harness.process: target_groups={target} with {num_groups} groups "
-                       f"needs Harness.dynamic_sampling")
-    else:
-      batch_groups, backfilled = np.arange(num_groups), 0
+    batch_groups, backfilled = self._batch_groups(group_keep, target_groups)
     selected = np.zeros(num_groups, bool)
     selected[batch_groups] = True
     row_group = np.arange(n) // group_size  # [n]
@@ -306,6 +271,62 @@ class Harness:
     return HarnessOutput(rewards=rewards, keep=keep, reasons=tuple(reasons),
                          advantages=advantages, batch=batch, group_keep=group_keep,
                          metrics=metrics, state=state_before)
+
+  def _trajectory_cut(self, episodes: list, composed, metrics: dict
+                      ) -> tuple[np.ndarray, list]:
+    """The rows the quarantine and the trajectory filters keep ([n] bool), and each cut
+    row's reason (the first component that cut it); 'cut/*' metrics."""
+    n = len(episodes)
+    keep = composed.quarantine.keep.copy()  # [n] bool
+    reasons = list(composed.quarantine.reasons)
+    metrics["cut/quarantine"] = float((~keep).mean())
+    for f in self.trajectory_filters:
+      res = f(episodes)
+      k = self._check_filter_result(f, res, n)
+      metrics[f"cut/{f.name}"] = float((~k).mean())
+      for i in np.flatnonzero(~k & keep):
+        reasons[i] = res.reasons[i] or f"{f.name}: cut"
+      keep &= k
+    metrics["cut/total"] = float((~keep).mean())
+    return keep, reasons
+
+  def _group_cut(self, episodes: list, kept_groups: list, rows: np.ndarray,
+                 keep: np.ndarray, reasons: list, metrics: dict) -> np.ndarray:
+    """The groups every group filter passes ([G] bool), judged on their kept rows; the
+    reasons of the kept rows of a dropped group name the first filter that dropped it;
+    'groups_dropped/*' and the filters' own metrics."""
+    num_groups = len(kept_groups)
+    group_keep = np.ones(num_groups, bool)  # [G]
+    for gf in self.group_filters:
+      gk = gf(kept_groups)
+      if not (isinstance(gk, np.ndarray) and gk.dtype == bool and gk.shape == (num_groups,)):
+        got = (f"{type(gk).__name__} {getattr(gk, 'dtype', '')} {getattr(gk, 'shape', '')}")
+        raise ValueError(f"group filter {part_name(gf)!r} returned {got}; expected a bool "
+                         f"array of shape ({num_groups},) (is it a trajectory filter? list it "
+                         f"in Harness.trajectory_filters)")
+      metrics[f"groups_dropped/{gf.name}"] = int((~gk).sum())
+      if callable(getattr(gf, "metrics", None)):
+        metrics.update({f"{gf.name}/{k}": v for k, v in gf.metrics().items()})
+      for g in np.flatnonzero(~gk & group_keep):
+        for i in rows[g]:
+          if keep[i]:
+            reasons[i] = f"{gf.name}: group {episodes[i].group_id} dropped"
+      group_keep &= gk
+    return group_keep
+
+  def _batch_groups(self, group_keep: np.ndarray, target_groups: Optional[int]
+                    ) -> tuple[np.ndarray, int]:
+    """(the groups that make up the batch, how many of them are backfilled): every group,
+    or dynamic sampling's pick of `target_groups`."""
+    num_groups = len(group_keep)
+    target = num_groups if target_groups is None else int(target_groups)
+    if self.dynamic_sampling is not None:
+      sel = self.dynamic_sampling.select(group_keep, target)
+      return sel.groups, sel.num_backfilled
+    if target != num_groups:
+      raise ValueError(f"Harness.process: target_groups={target} with {num_groups} groups "
+                       f"needs Harness.dynamic_sampling")
+    return np.arange(num_groups), 0
 
   def _advantages(self, rewards: np.ndarray, keep: np.ndarray,
                   group_size: int) -> np.ndarray:  # [n] float32
