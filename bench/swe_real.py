@@ -66,6 +66,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 
@@ -222,7 +223,7 @@ def leak_summary(runs: dict) -> dict:
   """The issue's `leak` figures over the stored `leak_runs` (seeds averaged)."""
   results = [r["result"] for r in runs.values()]
   mean = lambda name, key: round(float(np.mean([r[name][key] for r in results])), 4)
-  k = {key for r in results for key in r["kept"] if key.startswith("avg")}
+  k = {key for r in results for key in r["kept"] if re.fullmatch(r"avg\d+", key)}
   if len(k) != 1:
     raise ValueError(f"leak runs measured with different k ({sorted(k)}); keep one --json "
                      "per k")

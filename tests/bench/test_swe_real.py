@@ -157,8 +157,8 @@ def test_overlap_times_each_engine_after_a_warm_up_batch(monkeypatch):
 
 def _leak_result(kept_resolve, cleared_resolve, read_share, episodes=8):
   level = {"1": {"episodes": episodes}}
-  return {"kept": {"avg4": kept_resolve, "history_read_share": read_share,
-                   "per_level": level},
+  return {"kept": {"avg4": kept_resolve, "avg4_level1": kept_resolve,
+                   "history_read_share": read_share, "per_level": level},
           "cleared": {"avg4": cleared_resolve, "history_read_share": 0.0,
                       "per_level": level}}
 
