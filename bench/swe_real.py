@@ -202,18 +202,19 @@ def overlap(task, tok, model, problems, k: int, seed: int) -> dict:
   return out
 
 
-def leak(args: argparse.Namespace, model, tok, tool_config: ToolConfig, seed: int) -> dict:
+def leak(args: argparse.Namespace, sampler: Sampler, params, tok, tool_config: ToolConfig,
+         seed: int) -> dict:
   """{'kept', 'cleared'}: `measure` of the policy offered the git tool (`GIT_HINT`,
   `tool_config` with `git` on) on test checkouts that keep the fix one commit back, and on
-  cleared ones (the same problems and keys)."""
+  cleared ones (the same problems and keys; one sampler, so its programs compile once)."""
   out = {}
   for name, keep in LEAK_CONDITIONS:
     with SweDomain(levels=args.levels, system=SYSTEMS[args.system] + GIT_HINT,
                    checkout_options={"keep_history": keep},
                    tool_config=dataclasses.replace(tool_config, git=True)) as task:
       task.use_tokenizer(tok)
-      rollout = rollout_for(task, tok, Sampler(model, pad_id=tok.pad_id))
-      out[name] = measure(rollout, nnx.state(model), heldout_test(task, args), args.k, seed)
+      out[name] = measure(rollout_for(task, tok, sampler), params, heldout_test(task, args),
+                          args.k, seed)
     print(f"[swe_real] leak, history {name}: resolve {out[name][f'avg{args.k}']}, history "
           f"read by {out[name]['history_read_share']}", flush=True)
   return out
@@ -293,23 +294,22 @@ def resolve_table(runs: dict, args: argparse.Namespace) -> dict:
   return out
 
 
-def measure_leak(args: argparse.Namespace, payload: dict, path: str, model, tok,
-                 tool_config: ToolConfig) -> None:
-  """`leak` for each seed not stored under the same settings (written as each ends), then
-  the payload's `leak` summary."""
+def measure_leak(args: argparse.Namespace, payload: dict, path: str, sampler: Sampler,
+                 params, tok, tool_config: ToolConfig) -> None:
+  """`leak` for each seed not stored under the same settings and hint (written as each
+  ends), then the payload's `leak` summary over those."""
   runs = payload.setdefault("leak_runs", {})
+  current = lambda run: (run.get("settings") == settings(args)
+                         and run.get("git_hint") == GIT_HINT)
   for seed in args.seeds:
     key = run_key(args, seed)
-    stored = runs.get(key, {})
-    if stored.get("settings") == settings(args) and stored.get("git_hint") == GIT_HINT:
+    if current(runs.get(key, {})):
       print(f"[swe_real] leak {key}: stored, skipped", flush=True)
       continue
     runs[key] = {"settings": settings(args), "git_hint": GIT_HINT, "uptime": uptime(),
-                 "result": leak(args, model, tok, tool_config, seed)}
+                 "result": leak(args, sampler, params, tok, tool_config, seed)}
     save_json(path, payload)
-  payload["leak"] = leak_summary({k: r for k, r in runs.items()
-                                  if r["settings"] == settings(args)
-                                  and r["git_hint"] == GIT_HINT})
+  payload["leak"] = leak_summary({k: r for k, r in runs.items() if current(r)})
   save_json(path, payload)
 
 
@@ -356,10 +356,11 @@ def main() -> None:
       print(f"[swe_real] warm start of {args.gin}", flush=True)
       model = warm_start(model, tok, task, seed=0)
     params = nnx.state(model)
-    rollout = rollout_for(task, tok, Sampler(model, pad_id=tok.pad_id))
+    sampler = Sampler(model, pad_id=tok.pad_id)
+    rollout = rollout_for(task, tok, sampler)
     problems = heldout_test(task, args)
     if args.leak:
-      measure_leak(args, payload, path, model, tok, task.tool_config)
+      measure_leak(args, payload, path, sampler, params, tok, task.tool_config)
     if args.overlap:
       if payload.get("overlap", {}).get("settings") != settings(args):
         payload["overlap"] = {"settings": settings(args),

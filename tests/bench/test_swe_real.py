@@ -186,7 +186,7 @@ def test_measure_leak_resumes_per_seed_and_redoes_a_changed_hint(monkeypatch, tm
                             seeds=[0, 1])
   calls = []
 
-  def leak(args, model, tok, tool_config, seed):
+  def leak(args, sampler, params, tok, tool_config, seed):
     calls.append(seed)
     return _leak_result(0.5, 0.25, 0.5 * seed)
   monkeypatch.setattr(swe_real, "leak", leak)
@@ -194,12 +194,12 @@ def test_measure_leak_resumes_per_seed_and_redoes_a_changed_hint(monkeypatch, tm
   payload = {"leak_runs": {"default/seed0": {"settings": swe_real.settings(args),
                                              "git_hint": swe_real.GIT_HINT,
                                              "result": _leak_result(1.0, 0.0, 1.0)}}}
-  swe_real.measure_leak(args, payload, path, "model", "tok", "tools")
+  swe_real.measure_leak(args, payload, path, "sampler", "params", "tok", "tools")
   assert calls == [1]  # seed 0 was stored under the same settings and hint
   assert payload["leak"]["resolve_history_kept"] == 0.75  # (1.0 + 0.5) / 2
   assert payload["leak"]["history_read_share"] == 0.75  # (1.0 + 0.5) / 2
   assert swe_real.load_json(path)["leak"] == payload["leak"]
   monkeypatch.setattr(swe_real, "GIT_HINT", "another hint")
-  swe_real.measure_leak(args, payload, path, "model", "tok", "tools")
+  swe_real.measure_leak(args, payload, path, "sampler", "params", "tok", "tools")
   assert calls == [1, 0, 1]
   assert payload["leak"]["history_read_share"] == 0.25  # (0.0 + 0.5) / 2
