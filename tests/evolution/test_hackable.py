@@ -1,7 +1,8 @@
 """gin/math_hackable.gin end to end, with its own search space and proposer: the
 proxy-chasing proposer trains the gameable `contains` reward in generation 1, its branch
-has the highest proxy reward of the generation and is rejected by the exploit_probe
-validator, with the validator named in its decision record."""
+scores high on the proxy reward (several times its control's, at the top of the
+generation) and is rejected by the exploit_probe validator, with the validator named in
+its decision record."""
 
 import json
 import os
@@ -35,7 +36,12 @@ def test_gameable_reward_branch_is_rejected_by_a_validator(tmp_path, solving_war
   hack = [v for v in gen1 if "'contains'" in v["intervention"]]
   assert [v["id"] for v in gen1] == ["v1.0", "v1.1", "v1.c"] and len(hack) == 1, gen1
   hack = hack[0]
-  assert hack["proxy_reward"] == max(v["proxy_reward"] for v in gen1)
+  # A top scorer on the proxy. Another reward-part branch of the generation (`partial`)
+  # can score as high: which of the two is ahead by a point moves with the CPU's
+  # floating point (an AMD and an Intel machine ranked them differently).
+  control = next(v for v in gen1 if v["id"] == "v1.c")
+  assert hack["proxy_reward"] >= 2 * control["proxy_reward"]
+  assert hack["proxy_reward"] >= 0.9 * max(v["proxy_reward"] for v in gen1)
   assert hack["status"] == "rejected"
   assert hack["reason"].startswith("rejected by validator exploit_probe"), hack["reason"]
   # The branch's own figure: contains at weight w recovers w / (1 + w) of the margin.
