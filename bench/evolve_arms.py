@@ -109,12 +109,15 @@ def arm_launches(domain: str, seed: int, generations: int, branches: int, branch
                  control: bool, extra: Sequence[str] = (), continue_steps: int = 0,
                  group_filter: Optional[str] = None,
                  lineage_steps: Optional[int] = None,
-                 evolve_extra: Sequence[str] = ()) -> dict:
+                 evolve_extra: Sequence[str] = (),
+                 skills_dir: Optional[str] = None) -> dict:
   """arm -> (gin files, bindings) of its `evotrainer.launch` command, and `total_steps`,
   the RL steps every arm trains. `extra` bindings go to every arm, `evolve_extra` to the
   evolution arms only (controller knobs: the fixed-harness arms' commands, and so their
-  finished runs, stay the same). best_static_filter is there when `group_filter` (a name
-  in FILTERS) is given, static_lineage when `lineage_steps` is; base launches nothing."""
+  finished runs, stay the same), `skills_dir` (a skills pool the run starts from,
+  `evolve.skills_dir`) to evotrainer only. best_static_filter is there when
+  `group_filter` (a name in FILTERS) is given, static_lineage when `lineage_steps` is;
+  base launches nothing."""
   d = DOMAINS[domain]
   total = total_steps(generations, branches, branch_steps, control, continue_steps)
   common = [f"run.seed = {seed}", *extra]
@@ -132,7 +135,9 @@ def arm_launches(domain: str, seed: int, generations: int, branches: int, branch
          "clip_higher": static(total, f"Learner.clip_low = {CLIP_HIGHER[0]}",
                                f"Learner.clip_high = {CLIP_HIGHER[1]}"),
          "recipe_search": ([d.evolve_gin], [*common, *evo, "evolve.proposer = 'recipe'"]),
-         "evotrainer": ([d.evolve_gin], [*common, *evo, "evolve.proposer = 'skills'"]),
+         "evotrainer": ([d.evolve_gin], [*common, *evo, "evolve.proposer = 'skills'",
+                                         *([f"evolve.skills_dir = {str(skills_dir)!r}"]
+                                           if skills_dir else [])]),
          "total_steps": total}
   if group_filter is not None:
     out["best_static_filter"] = static(total, filter_binding(group_filter))
@@ -246,6 +251,22 @@ def evolve_arm(summary: Mapping, wd: pathlib.Path) -> dict:
           "wall_s": summary["wall_s"]}
 
 
+def pool_runs(pool: pathlib.Path) -> int:
+  """How many runs' outcomes a skills pool holds (distinct run identities in its
+  skills' histories)."""
+  from evotrainer.evolution.skills import SkillLibrary
+  if not pathlib.Path(pool).is_dir():
+    return 0
+  return len({h.get("run") for s in SkillLibrary(pool) for h in s.history} - {None})
+
+
+def pool_skills(pool: pathlib.Path, run_skills: pathlib.Path) -> list:
+  """Merges a finished evolution's skills directory into the pool (created; idempotent:
+  an outcome already pooled is not counted again). Returns the skills added or changed."""
+  from evotrainer.evolution.skills import SkillLibrary
+  return SkillLibrary.seeded(pool, sources=[]).merge(run_skills)
+
+
 def static_arm(summary: Mapping) -> dict:
   """A fixed-harness arm's figures after its last step (its lineage is all its steps)."""
   avg = _avg_key(summary["final"])
@@ -279,4 +300,5 @@ def choose_filter(selection: Mapping[str, Mapping]) -> str:
 
 __all__ = ["ARMS", "CLIP_HIGHER", "DOMAINS", "Domain", "FILTERS", "arm_launches",
            "base_arm", "choose_filter", "clip_higher_is_static", "evolve_arm",
-           "filter_binding", "lineage_steps", "static_arm", "total_steps"]
+           "filter_binding", "lineage_steps", "pool_runs", "pool_skills", "static_arm",
+           "total_steps"]

@@ -7,6 +7,8 @@ equal total RL steps, scored on the test split.
   python -m bench.evolve_vs_static --arms static,evotrainer,static_lineage --json out.json
   python -m bench.evolve_vs_static --domain code_smol --arms static,evotrainer \
       --evolve_gin_bindings "VerifyConfig.keep_on = 'not_worse'" --json out.json
+  python -m bench.evolve_vs_static --domain code_smol --arms static,evotrainer \
+      --skills_pool runs/skills_pool --json out.json
 
 Domains: `math` and `code` (the tiny from-scratch model, gin/math*.gin, gin/code*.gin),
 `code_smol` and `math_smol` (the pretrained SmolLM2-135M-Instruct: gin/code_smol_train.gin
@@ -51,6 +53,13 @@ are not comparable step for step), `wall_s`. Beside `--json out.json`, `out.html
 the curves, one chart per seed (`plot_page`). An arm not run has null means and
 differences.
 
+`--skills_pool DIR`: the evotrainer runs share one skills directory, in seed order: each
+starts from it (`evolve.skills_dir`) and is merged into it once finished
+(`SkillLibrary.merge`), so a later seed proposes from the outcomes, and the pooled
+effects, of the earlier ones; `arms.evotrainer.<seed>.skills_pool_runs` is how many runs
+the pool held at that seed's launch. Each seed is then no longer independent of the
+seeds before it: what the pool measures is the evolution with a memory of earlier runs.
+
 Resumable per (arm, seed): a finished run in `--workdir` (its `bench_done` marker) is read
 back, not relaunched, so seeds accumulate over several invocations; its command is kept in
 `bench_launch.json` and a run directory that holds another command is refused. `--arms`
@@ -67,7 +76,8 @@ import time
 
 from bench.common import packages, paired_interval, run_or_read
 from bench.evolve_arms import (ARMS, DOMAINS, FILTERS, arm_launches, base_arm, choose_filter,
-                               clip_higher_is_static, evolve_arm, filter_binding, static_arm)
+                               clip_higher_is_static, evolve_arm, filter_binding, pool_runs,
+                               pool_skills, static_arm)
 
 # The order arms run in for one seed: static_lineage needs the evotrainer run's lineage.
 ORDER = ("evotrainer", "recipe_search", "static", "base", "clip_higher",
@@ -101,6 +111,12 @@ def _args(argv):
                        "recipe_search), e.g. a controller knob such as "
                        "\"VerifyConfig.keep_on = 'not_worse'\"; the fixed-harness arms' "
                        "commands are unchanged, so their finished runs are read back")
+  ap.add_argument("--skills_pool", default=None,
+                  help="a skills directory shared by the evotrainer runs: each starts from "
+                       "it (evolve.skills_dir) and its skills are merged back once it "
+                       "finishes, in seed order, so later seeds propose from the "
+                       "validated outcomes of earlier ones (`skills_pool_runs` per seed: "
+                       "how many runs the pool held at its launch)")
   ap.add_argument("--arms", default=",".join(ARMS),
                   help=f"comma-separated subset of {','.join(ARMS)} (static always runs; "
                        f"static_lineage brings evotrainer)")
@@ -133,7 +149,9 @@ class Bench:
     a = self.args
     return arm_launches(a.domain, seed, a.generations, a.branches, a.branch_steps,
                         a.control, a.gin_bindings, a.continue_steps,
-                        evolve_extra=a.evolve_gin_bindings, **kw)
+                        evolve_extra=a.evolve_gin_bindings,
+                        skills_dir=a.skills_pool and str(pathlib.Path(a.skills_pool).resolve()),
+                        **kw)
 
   def run(self, name: str, launch: tuple) -> dict:
     """The summary of the run `name` (`<root>/<name>`), timed and announced."""
@@ -176,6 +194,8 @@ class Bench:
       return base_arm(json.loads((self.root / f"static-s{seed}" / "summary.json").read_text()))
     if arm == "clip_higher" and clip_higher_is_static(self.args.domain):
       return {**done["static"], "same_run_as": "static"}
+    if arm == "evotrainer" and self.args.skills_pool:
+      return self.pooled_evolution(name, seed)
     if arm in ("recipe_search", "evotrainer"):
       return evolve_arm(self.run(name, self.launches(seed)[arm]), self.root / name)
     kw = ({"group_filter": chosen_filter} if arm == "best_static_filter" else
@@ -185,6 +205,21 @@ class Bench:
     if arm == "static_lineage" and launches[arm] == launches["static"]:
       return {**done["static"], "same_run_as": "static"}  # the lineage kept every step
     return static_arm(self.run(name, launches[arm]))
+
+
+  def pooled_evolution(self, name: str, seed: int) -> dict:
+    """The evotrainer arm started from `--skills_pool`, merged back into it once done.
+    How many runs the pool held at the launch is kept beside the run (`<name>.pool.json`,
+    written once), so a run read back reports what it started from."""
+    pool = pathlib.Path(self.args.skills_pool).resolve()
+    pool.mkdir(parents=True, exist_ok=True)
+    note = self.root / f"{name}.pool.json"
+    if not note.exists() or not (self.root / name / "bench_done").exists():
+      note.write_text(json.dumps({"runs_before": pool_runs(pool)}) + "\n")
+    out = evolve_arm(self.run(name, self.launches(seed)["evotrainer"]), self.root / name)
+    merged = pool_skills(pool, self.root / name / "skills")
+    print(f"[bench] {name}: {len(merged)} skills pooled into {pool}", flush=True)
+    return {**out, "skills_pool_runs": json.loads(note.read_text())["runs_before"]}
 
 
 def summarize(arms: dict, seeds: list) -> dict:
@@ -260,7 +295,8 @@ def main(argv=None) -> dict:
                     "arms": args.arms, "clip_higher_is_static":
                         clip_higher_is_static(args.domain),
                     "filters": FILTERS, "extra_bindings": args.gin_bindings,
-                    "evolve_bindings": args.evolve_gin_bindings},
+                    "evolve_bindings": args.evolve_gin_bindings,
+                    "skills_pool": args.skills_pool},
          "steps": {"total_per_arm": bench.launches(seeds[0])["total_steps"],
                    "static_lineage": {str(s): arms["static_lineage"][s]["rl_steps"]
                                       for s in seeds} if "static_lineage" in arms else None},

@@ -70,10 +70,12 @@ class SkillLearner:
         validation_criterion="the subtraction's branch is not collapsed or worse "
                              "beyond noise, and beats the control")
 
-  def learn_change(self, h: Hypothesis, vid: str) -> None:
+  def learn_change(self, h: Hypothesis, vid: str, success: Optional[bool] = True,
+                   effect: Optional[dict] = None) -> None:
     """Writes (or adds evidence to) a skill for a kept change that no skill proposed: it
     triggers on the finding that motivated the change, if any, in the binding state the
-    change started from (`state_of`), and makes the same change."""
+    change started from (`state_of`), and makes the same change. `success` None: a keep
+    inside the noise, which records its measured `effect` ({diff, lo, hi}) only."""
     if not self.enabled or self.skills is None:
       return
     iv = h.intervention
@@ -85,15 +87,18 @@ class SkillLearner:
         f"learned-{h.finding or 'state'}-{iv.binding}-{iv.kind}-{iv.key or ''}", trigger, iv,
         vid, category=_CATEGORY.get(h.group, "training stability"),
         description=f"learned on {vid}: {iv.description} when {when}",
-        expected_outcome=h.statement, validation_criterion=h.criterion)
+        expected_outcome=h.statement, validation_criterion=h.criterion,
+        success=success, effect=effect)
 
   def _add(self, label: str, trigger: dict, iv: Intervention, vid: str,
+           success: Optional[bool] = True, effect: Optional[dict] = None,
            **fields) -> Optional[str]:
     """Adds the learned skill (`trigger`, the change `iv`) unless the library has it, and
-    records a success for `vid`. One skill per (trigger, change): its name is `label`
-    made a slug plus a digest of both, so the same change from the same state adds
-    evidence. Returns the name; None when the skill language cannot express the
-    template (e.g. a whole-list value)."""
+    records the outcome of `vid` (a success by default), under this run's identity. One
+    skill per (trigger, change): its name is `label` made a slug plus a digest of both,
+    so the same change from the same state adds evidence, in this run or a later one.
+    Returns the name; None when the skill language cannot express the template (e.g. a
+    whole-list value)."""
     digest = hashlib.sha256(json.dumps([trigger, template_of(iv)], sort_keys=True,
                                        default=str).encode()).hexdigest()[:6]
     name = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") + f"-{digest}"
@@ -101,7 +106,8 @@ class SkillLearner:
       if name not in self.skills:
         self.skills.add(Skill(name=name, trigger=trigger, intervention=template_of(iv),
                               source="learned", **fields))
-      self.skills.record_outcome(name, self.domain, True, version=vid)
+      self.skills.record_outcome(name, self.domain, success, version=vid,
+                                 run=self.ledger.run_uid, effect=effect)
     except SkillError:
       return None
     return name

@@ -319,17 +319,23 @@ class Promotion:
     return best
 
   def _record_skills(self, rows: Sequence[Mapping], outcomes: Mapping) -> None:
-    """Skill outcomes of the branches a skill proposed; kept other changes are learned."""
+    """Skill outcomes of the branches a skill proposed, each with its measured effect
+    (against the control, else the parent); kept other changes are learned. A keep
+    inside the noise is no success: it records its effect alone, and is learned only
+    when that effect is positive (`Skill.effect` pools such measurements across runs)."""
     skills = self.learner.skills
     for x in rows:
-      if x["verdict"] == "inert" or _weak_keep(x):
-        continue  # the knob never acted, or won within noise: no evidence for a skill
+      if x["verdict"] == "inert":
+        continue  # the knob never acted: no evidence for a skill
       h = Hypothesis.from_dict(x["branch"]["hypothesis"])
-      success = outcomes[x["version"]][1] == "success"
+      ref = x.get("vs_control", x)
+      effect = {k: ref[k] for k in ("diff", "lo", "hi")}
+      success = None if _weak_keep(x) else outcomes[x["version"]][1] == "success"
       if h.skill and skills is not None and h.skill in skills:
-        skills.record_outcome(h.skill, self.learner.domain, success, version=x["version"])
-      elif success:
-        self.learner.learn_change(h, x["version"])
+        skills.record_outcome(h.skill, self.learner.domain, success, version=x["version"],
+                              run=self.ledger.run_uid, effect=effect)
+      elif success or (success is None and effect["diff"] > 0):
+        self.learner.learn_change(h, x["version"], success, effect)
 
   def _record(self, x: Mapping, is_best: bool, outcome: tuple) -> None:
     """One row's decision, skill outcome, verdict, findings and status (in the caller's

@@ -48,6 +48,7 @@ import re
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from evotrainer import atomic
+from evotrainer.evolution.stats import pooled_effect
 from evotrainer.evolution.search_space import (ComponentListKnob, Intervention, SearchSpace,
                                                same_value, extra_item, canonical,
                                                make_intervention, normalize)
@@ -254,8 +255,12 @@ class Skill:
   """One skill (a file `<name>.json`).
 
   `domains` holds the evidence: {domain: {"successes": n, "failures": m}}; `history`
-  the outcomes that produced it ({"version", "domain", "success"}), so that recording
-  the same outcome twice (a resumed run) counts once.
+  the outcomes that produced it ({"run", "version", "domain", "success", "effect"}):
+  the run's identity (`Ledger.run_uid`) and the version name one branch across runs, so
+  that recording the same outcome twice (a resumed run, a merged library) counts once.
+  `effect` is the branch's measured paired effect {diff, lo, hi} on the validation
+  split; `success` is None for a measurement that decided nothing beyond noise (a keep
+  inside the noise), which adds to `effect` and to no count.
   """
 
   name: str
@@ -285,6 +290,19 @@ class Skill:
   def evidence(self) -> int:
     """successes - failures: the first ranking key of `SkillLibrary.matching`."""
     return self.successes - self.failures
+
+  @property
+  def effect(self) -> dict:
+    """The change's effect pooled over every measurement in the history, across runs
+    (`stats.pooled_effect`): {mean, lo, hi, n}. Runs too short to show an effect of this
+    size one by one can show it together."""
+    return pooled_effect([h["effect"] for h in self.history if h.get("effect")])
+
+  @property
+  def harmful(self) -> bool:
+    """Worse beyond noise over two or more measurements pooled: no longer proposed."""
+    e = self.effect
+    return e["n"] >= 2 and e["hi"] < 0
 
   @property
   def domains_validated(self) -> list:
@@ -398,6 +416,7 @@ class Skill:
               and all(isinstance(v, int) and v >= 0 for v in c.values())):
         raise SkillError(f"{where}: domains[{dom!r}] must be {{'successes': n, "
                          f"'failures': m}} with counts >= 0, got {c!r}")
+    _check_history(d.get("history", ()), where)
     harness = d.get("harness", {}) or {}
     if set(harness) - {"enable"} or not all(isinstance(n, str)
                                             for n in harness.get("enable", [])):
@@ -412,6 +431,24 @@ class Skill:
                         for k, v in domains.items()},
                harness=dict(harness), history=tuple(d.get("history", ())),
                source=d.get("source", "seed"))
+
+
+def _check_history(history: Any, where: str) -> None:
+  if not isinstance(history, (list, tuple)):
+    raise SkillError(f"{where}: history must be a list, got {history!r}")
+  for i, h in enumerate(history):
+    effect = h.get("effect") if isinstance(h, Mapping) else None
+    if not isinstance(h, Mapping) or h.get("success") not in (True, False, None) or (
+        effect is not None and not (isinstance(effect, Mapping) and all(
+            _is_number(effect.get(k)) for k in ("diff", "lo", "hi")))):
+      raise SkillError(f"{where}: history[{i}] must be {{'run', 'version', 'domain', "
+                       f"'success': true | false | null, 'effect': {{diff, lo, hi}}}}, "
+                       f"got {h!r}")
+
+
+def _key(h: Mapping) -> tuple:
+  """What names one outcome: the run, the version, the domain."""
+  return (h.get("run"), h.get("version"), h.get("domain"))
 
 
 # ------------------------------------------------------------------ the library
@@ -483,15 +520,17 @@ class SkillLibrary:
     return self._skills[name]
 
   def matching(self, findings: Sequence, bindings: Optional[Mapping] = None) -> list:
-    """Skills whose trigger holds, best first: by evidence (successes - failures), then
-    by the largest severity among the findings that triggered it, then by name."""
+    """Skills whose trigger holds and that are not `harmful`, best first: by evidence
+    (successes - failures), then by the pooled effect's mean (0 when none is measured),
+    then by the largest severity among the findings that triggered it, then by name."""
     ranked = []
     for s in self._skills.values():
       ok, matched = s.triggered(findings, bindings)
-      if ok:
+      if ok and not s.harmful:
         severity = max([float(_get(f, "severity") or 0.0) for f in matched], default=0.0)
-        ranked.append((-s.evidence, -severity, s.name, s))
-    return [r[-1] for r in sorted(ranked, key=lambda r: r[:3])]
+        effect = s.effect["mean"] if s.effect["n"] else 0.0
+        ranked.append((-s.evidence, -effect, -severity, s.name, s))
+    return [r[-1] for r in sorted(ranked, key=lambda r: r[:4])]
 
   def add(self, skill: Skill) -> Skill:
     """Writes a new skill file. The same skill again is a no-op; another skill under a
@@ -506,29 +545,79 @@ class SkillLibrary:
     self._skills[skill.name] = skill
     return skill
 
-  def record_outcome(self, skill: Skill | str, domain: str, success: bool,
-                     version: Optional[str] = None) -> Skill:
-    """Counts one success or failure of `skill` in `domain` and rewrites its file
-    atomically. With `version`, recording the same (version, domain) again is a no-op
-    (and with the opposite result an error), so a resumed run does not count twice."""
+  def record_outcome(self, skill: Skill | str, domain: str, success: Optional[bool],
+                     version: Optional[str] = None, run: Optional[str] = None,
+                     effect: Optional[Mapping] = None) -> Skill:
+    """Records one outcome of `skill` in `domain` and rewrites its file atomically: a
+    success or a failure counts one; `success=None` records only the measured `effect`
+    ({diff, lo, hi}, then required). With `version`, recording the same (run, version,
+    domain) again is a no-op (and with another result an error), so a resumed run does
+    not count twice; `run` is the run's identity (`Ledger.run_uid`)."""
     name = skill if isinstance(skill, str) else skill.name
     s = self.get(name)
+    if success is None and not (effect and all(
+        math.isfinite(float(effect[k])) for k in ("diff", "lo", "hi"))):
+      raise SkillError(f"skill {name}: an outcome that is neither success nor failure "
+                       f"needs the measured effect")
+    entry = {"run": run, "version": version, "domain": domain,
+             "success": None if success is None else bool(success)}
+    if effect and all(math.isfinite(float(effect[k])) for k in ("diff", "lo", "hi")):
+      entry["effect"] = {k: float(effect[k]) for k in ("diff", "lo", "hi")}
     if version is not None:
       for h in s.history:
-        if h.get("version") == version and h.get("domain") == domain:
-          if bool(h.get("success")) != bool(success):
+        if _key(h) == _key(entry):
+          if h.get("success") != entry["success"]:
             raise SkillError(f"skill {name}: {version} in {domain} is recorded as "
-                             f"{'success' if h.get('success') else 'failure'}, not "
-                             f"{'success' if success else 'failure'}")
+                             f"{_word(h.get('success'))}, not {_word(entry['success'])}"
+                             + (f" (run {run})" if run else ""))
           return s
-    counts = dict(s.domains.get(domain, {"successes": 0, "failures": 0}))
-    counts["successes" if success else "failures"] += 1
-    history = s.history + (({"version": version, "domain": domain,
-                             "success": bool(success)},) if version is not None else ())
-    new = dataclasses.replace(s, domains={**s.domains, domain: counts}, history=history)
-    atomic.write_text(self.directory / f"{name}.json", _text(new))
-    self._skills[name] = new
-    return new
+    return self._write(dataclasses.replace(
+        s, domains=_counted(s.domains, [entry]),
+        history=s.history + ((entry,) if version is not None else ())))
+
+  def merge(self, source: str | os.PathLike) -> list:
+    """Adds what the library at `source` (another run's skills directory) knows: the
+    skills it lacks, and for a skill both hold the outcomes of its history this one
+    lacks (by run, version and domain), counted. So several runs' libraries pool into
+    one, and a change's `effect` is measured over all of them. Returns the names added
+    or changed; a skill of the same name with another trigger or intervention is an
+    error."""
+    changed = []
+    for other in SkillLibrary(source):
+      if other.name not in self._skills:
+        self.add(dataclasses.replace(other))
+        changed.append(other.name)
+        continue
+      mine = self._skills[other.name]
+      if (mine.trigger, mine.intervention) != (other.trigger, other.intervention):
+        raise SkillError(f"skill {other.name}: {source} holds another trigger or "
+                         f"intervention than {self.directory}")
+      have = {_key(h) for h in mine.history}
+      new = [h for h in other.history if _key(h) not in have]
+      if new:
+        self._write(dataclasses.replace(mine, domains=_counted(mine.domains, new),
+                                        history=mine.history + tuple(new)))
+        changed.append(other.name)
+    return changed
+
+  def _write(self, skill: Skill) -> Skill:
+    atomic.write_text(self.directory / f"{skill.name}.json", _text(skill))
+    self._skills[skill.name] = skill
+    return skill
+
+
+def _word(success: Optional[bool]) -> str:
+  return {True: "success", False: "failure", None: "a measurement"}[success]
+
+
+def _counted(domains: Mapping, entries: Iterable[Mapping]) -> dict:
+  """`domains` plus the successes and failures of `entries`."""
+  out = {d: dict(c) for d, c in domains.items()}
+  for h in entries:
+    if h.get("success") is not None:
+      c = out.setdefault(h["domain"], {"successes": 0, "failures": 0})
+      c["successes" if h["success"] else "failures"] += 1
+  return out
 
 
 __all__ = ["CATEGORIES", "SEED_DIR", "Skill", "SkillError", "SkillLibrary", "TEMPLATE_KINDS",

@@ -86,7 +86,23 @@ def beats(child: Mapping[str, float], parent: Mapping[str, float], alpha: float 
   return bool(lo > 0)
 
 
-__all__ = ["beats", "holm", "paired_bootstrap", "paired_test"]
+def pooled_effect(effects: Sequence[Mapping[str, float]], z: float = 1.96) -> dict:
+  """The fixed-effect (inverse-variance) pooling of several measurements of one change's
+  effect, each {diff, lo, hi} with a 95% interval: each interval's half-width / z is its
+  standard error (floored at 1e-3, so a zero-width interval cannot take all the weight).
+  Returns {mean, lo, hi, n}; n = 0 (and NaN figures) when none is finite."""
+  rows = [(float(e["diff"]), max((float(e["hi"]) - float(e["lo"])) / (2 * z), 1e-3))
+          for e in effects
+          if all(math.isfinite(float(e[k])) for k in ("diff", "lo", "hi"))]
+  if not rows:
+    return {"mean": math.nan, "lo": math.nan, "hi": math.nan, "n": 0}
+  w = np.array([1.0 / se ** 2 for _, se in rows])
+  mean = float(np.dot(w, [d for d, _ in rows]) / w.sum())
+  se = float(1.0 / math.sqrt(w.sum()))
+  return {"mean": mean, "lo": mean - z * se, "hi": mean + z * se, "n": len(rows)}
+
+
+__all__ = ["beats", "holm", "paired_bootstrap", "paired_test", "pooled_effect"]
 
 
 def score_label(figures: Mapping) -> str:

@@ -362,7 +362,9 @@ class Sweep:
     for x in judged:  # skill files first (idempotent per version), then the ledger
       for vid, skill in uses:
         if vid == x["variant"].version and c.skills is not None and skill in c.skills:
-          c.skills.record_outcome(skill, c.config.domain, x["outcome"] == "success", version=vid)
+          c.skills.record_outcome(skill, c.config.domain, x["outcome"] == "success",
+                                  version=vid, run=self.ledger.run_uid,
+                                  effect={k: x[k] for k in ("diff", "lo", "hi")})
     with self.ledger.transaction():
       for x in sorted(judged, key=lambda x: x is best):  # the promotion last
         vid = x["variant"].version

@@ -428,3 +428,49 @@ def test_static_lineage_is_the_static_run_when_the_lineage_kept_every_step(tmp_p
   assert out["lineage_steps"]["evotrainer"] == out["lineage_steps"]["static_lineage"] == 32
   assert out["arms"]["static_lineage"]["7"]["same_run_as"] == "static"
   assert out["diff_vs_static_equal_lineage"] == out["diff_vs_static"]
+
+
+def test_a_skills_pool_carries_each_seeds_outcomes_to_the_next(tmp_path, monkeypatch):
+  """--skills_pool: each evotrainer run starts from the pool (its command names it; the
+  other arms' commands do not) and its skills are merged back once it finishes, so seed 1
+  starts from seed 0's outcomes; reading the runs back pools nothing twice."""
+  from bench import evolve_vs_static
+  from evotrainer.evolution.skills import Skill, SkillLibrary
+  calls: list = []
+  fake = _fake_launch(calls)
+  pool = tmp_path / "pool"
+  seen_at_start = {}
+
+  def launch(gin_files, bindings, wd, log):
+    summary = fake(gin_files, bindings, wd, log)
+    b = dict(x.split(" = ", 1) for x in bindings)
+    if "evolve.skills_dir" in b:  # what modes/evolve.py does with it, then one outcome
+      lib = SkillLibrary.seeded(wd / "skills", sources=[b["evolve.skills_dir"].strip("'")])
+      seen_at_start[wd.name] = sorted(h["run"] for s in lib for h in s.history)
+      if "s" not in lib:
+        lib.add(Skill(name="s", category="reward design", description="d",
+                      trigger={"finding": "prose_rate"},
+                      intervention={"binding": "Learner.clip_high", "kind": "set",
+                                    "value": 0.3},
+                      expected_outcome="e", validation_criterion="v"))
+      lib.record_outcome("s", "code", None, version="v1.0", run=f"run-{wd.name}",
+                         effect={"diff": 0.05, "lo": -0.1, "hi": 0.2})
+    return summary
+
+  monkeypatch.setattr(bench_common, "launch_run", launch)
+  argv = ["--domain", "code_smol", "--seeds", "0,1", "--arms", "static,evotrainer,"
+          "recipe_search", "--workdir", str(tmp_path / "w"), "--skills_pool", str(pool)]
+  out = evolve_vs_static.main(argv)
+  launched = {c[2]: c[1] for c in calls}
+  assert f"evolve.skills_dir = {str(pool)!r}" in launched["evotrainer-s1"]
+  assert not any("skills_dir" in x for n in ("recipe_search-s0", "static-s0")
+                 for x in launched[n])
+  assert seen_at_start == {"evotrainer-s0": [], "evotrainer-s1": ["run-evotrainer-s0"]}
+  assert [out["arms"]["evotrainer"][s]["skills_pool_runs"] for s in ("0", "1")] == [0, 1]
+  assert out["config"]["skills_pool"] == str(pool)
+  pooled = SkillLibrary(pool).get("s")
+  assert [h["run"] for h in pooled.history] == ["run-evotrainer-s0", "run-evotrainer-s1"]
+  calls.clear()
+  again = evolve_vs_static.main(argv)
+  assert calls == [] and len(SkillLibrary(pool).get("s").history) == 2
+  assert [again["arms"]["evotrainer"][s]["skills_pool_runs"] for s in ("0", "1")] == [0, 1]

@@ -617,3 +617,9 @@ def test_a_kept_exploration_change_becomes_a_skill_the_next_run_proposes_first(t
   (d,) = changes(second.ledger)
   assert d.skill == skill.name
   assert d.intervention["new"] == "rloo" and d.outcome == "success"
+  # Its success is counted beside the first run's, each under its run's identity and
+  # with the effect it measured (test_skills: the same version name in two runs).
+  again = second.skills.get(skill.name)
+  assert again.successes == 2
+  assert [h["run"] for h in again.history] == [ledger.run_uid, second.ledger.run_uid]
+  assert all(h["effect"]["lo"] > 0 for h in again.history)

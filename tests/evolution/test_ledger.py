@@ -64,6 +64,27 @@ def test_reopen_keeps_everything(tmp_path):
     assert led.get_meta("rng") == {"seed": 7}
 
 
+def test_run_uid_is_drawn_once_kept_on_reopen_and_differs_between_runs(tmp_path):
+  with Ledger(tmp_path / "a.sqlite") as a, Ledger(tmp_path / "b.sqlite") as b:
+    uid = a.run_uid
+    assert len(uid) == 32 and int(uid, 16) >= 0 and uid != b.run_uid
+  with Ledger(tmp_path / "a.sqlite") as a:
+    assert a.run_uid == uid
+    with pytest.raises(LedgerError, match="managed by the ledger"):
+      a.set_meta("run_uid", "mine")
+
+
+def test_a_ledger_written_before_run_uid_gets_one_on_first_use(tmp_path):
+  path = tmp_path / "old.sqlite"
+  with Ledger(path) as led:
+    led._conn.execute("DELETE FROM meta WHERE key='run_uid'")
+    assert led.get_meta("run_uid") is None
+  with Ledger(path) as led:
+    uid = led.run_uid
+  with Ledger(path) as led:
+    assert led.run_uid == uid
+
+
 def _digest(path):
   return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
 

@@ -82,9 +82,11 @@ def test_point_estimate_gain_inside_the_noise_is_not_kept(tmp_path):
   assert ledger.incumbent().id == "v0"
 
 
-def test_keep_on_mean_keeps_a_gain_inside_the_noise_and_learns_no_skill(tmp_path):
+def test_keep_on_mean_keeps_a_gain_inside_the_noise_and_records_only_its_effect(tmp_path):
   """`VerifyConfig.keep_on='mean'`: the same +0.002 within noise is kept (its steps are
-  not thrown away), said so in its reason, and teaches no skill; a -0.002 is not kept."""
+  not thrown away), said so in its reason, and is learned as a skill with no success,
+  only its measured effect (the ledger's paired figures, under the run's identity); a
+  -0.002 is not kept and teaches nothing."""
   for name, up, down, kept in (("gain", 0.05, 0.046, True), ("loss", 0.046, 0.05, False)):
     shift = _shift(0.5, up, down)
     c, ledger, _ = make(tmp_path, {}, name=name, trainer=ShiftTrainer({"'rloo'": shift}),
@@ -95,10 +97,16 @@ def test_keep_on_mean_keeps_a_gain_inside_the_noise_and_learns_no_skill(tmp_path
     if kept:
       assert v.status == "kept" and v.heldout["verdict"] == "kept"
       assert v.reason.startswith("kept on the mean (keep_on='mean'), not beyond noise")
-      assert ledger.incumbent().id == "v1.0" and _learned(tmp_path, name) == []
+      assert ledger.incumbent().id == "v1.0"
+      (learned,) = _learned(tmp_path, name)
+      skill = SkillLibrary(tmp_path / name / "skills").get(learned[:-len(".json")])
+      assert (skill.successes, skill.failures) == (0, 0)
+      (h,) = skill.history
+      assert h["success"] is None and h["run"] == ledger.run_uid and h["version"] == "v1.0"
+      assert h["effect"] == {k: pytest.approx(v.heldout[k]) for k in ("diff", "lo", "hi")}
     else:
       assert v.status == "rejected" and v.heldout["verdict"] == "not_beyond_noise"
-      assert ledger.incumbent().id == "v0"
+      assert ledger.incumbent().id == "v0" and _learned(tmp_path, name) == []
 
 
 def test_keep_on_not_worse_keeps_a_tie_that_mean_rejects(tmp_path):

@@ -323,3 +323,97 @@ def test_template_of_reproduces_the_intervention(old, new):
   sk.check_template(learned.intervention)
   again = learned.instantiate({"X.y": old})
   assert (again.binding, again.kind, again.old, again.new) == ("X.y", iv.kind, iv.old, iv.new)
+
+
+# ------------------------------------------------------------------ evidence across runs
+
+
+def _m(diff, half=0.196):
+  return {"diff": diff, "lo": diff - half, "hi": diff + half}
+
+
+def test_the_same_version_name_in_two_runs_is_two_outcomes(tmp_path):
+  """Every run restarts its version names: v1.0 of run A and v1.0 of run B are two
+  branches (before runs were told apart, B's failure was refused as a contradiction)."""
+  lib = SkillLibrary(tmp_path)
+  lib.add(skill("s1"))
+  lib.record_outcome("s1", "code", True, version="v1.0", run="a")
+  s = lib.record_outcome("s1", "code", False, version="v1.0", run="b")
+  assert s.domains == {"code": {"successes": 1, "failures": 1}}
+  assert lib.record_outcome("s1", "code", False, version="v1.0", run="b") == s  # resumed
+  with pytest.raises(SkillError, match=r"v1.0 in code is recorded as failure.*\(run b\)"):
+    lib.record_outcome("s1", "code", True, version="v1.0", run="b")
+
+
+def test_a_measurement_alone_counts_nothing_and_pools_into_the_effect(tmp_path):
+  lib = SkillLibrary(tmp_path)
+  lib.add(skill("s1"))
+  with pytest.raises(SkillError, match="needs the measured effect"):
+    lib.record_outcome("s1", "code", None, version="v1.0", run="a")
+  with pytest.raises(SkillError, match="needs the measured effect"):
+    lib.record_outcome("s1", "code", None, version="v1.0", run="a",
+                       effect={"diff": float("nan"), "lo": 0.0, "hi": 1.0})
+  lib.record_outcome("s1", "code", None, version="v1.0", run="a", effect=_m(0.04))
+  s = lib.record_outcome("s1", "code", None, version="v2.0", run="b", effect=_m(0.06))
+  assert (s.successes, s.failures, s.evidence) == (0, 0, 0)
+  assert s.effect["n"] == 2 and s.effect["mean"] == pytest.approx(0.05)
+  # Each alone is inside the noise; the two pooled are not (se 0.1 / sqrt(2)).
+  assert s.effect["lo"] == pytest.approx(0.05 - 1.96 * 0.1 / 2 ** 0.5)
+  again = SkillLibrary(tmp_path).get("s1")  # what the file holds
+  assert again.effect == s.effect and [h["run"] for h in again.history] == ["a", "b"]
+
+
+def test_a_history_entry_that_is_malformed_is_refused_on_load(tmp_path):
+  d = skill("s1").to_dict()
+  d["history"] = [{"run": "a", "version": "v1", "domain": "code", "success": "yes"}]
+  (tmp_path / "s1.json").write_text(json.dumps(d))
+  with pytest.raises(SkillError, match=r"history\[0\]"):
+    SkillLibrary(tmp_path)
+  d["history"] = [{"run": "a", "version": "v1", "domain": "code", "success": None,
+                   "effect": {"diff": 0.1}}]
+  (tmp_path / "s1.json").write_text(json.dumps(d))
+  with pytest.raises(SkillError, match=r"history\[0\]"):
+    SkillLibrary(tmp_path)
+
+
+def test_matching_ranks_by_pooled_effect_and_drops_what_is_harmful_over_runs(tmp_path):
+  lib = SkillLibrary(tmp_path)
+  for name in ("a-none", "b-up", "c-down", "d-harmful"):
+    lib.add(skill(name, intervention={"binding": "Learner.clip_high", "kind": "set",
+                                      "value": 0.3}))
+  lib.record_outcome("b-up", "code", None, version="v1", run="r", effect=_m(0.05))
+  lib.record_outcome("c-down", "code", None, version="v1", run="r", effect=_m(-0.05))
+  for run in ("r", "s"):  # pooled: -0.15 +- 0.139, entirely below 0
+    lib.record_outcome("d-harmful", "code", False, version="v1", run=run, effect=_m(-0.15))
+  assert lib.get("d-harmful").harmful and not lib.get("c-down").harmful
+  # Evidence first (d-harmful's -2 would rank it last; it is dropped), then the effect.
+  lib.record_outcome("a-none", "code", True, version="v9", run="r")
+  assert [s.name for s in lib.matching([DGR], BIND)] == ["a-none", "b-up", "c-down"]
+
+
+def test_merge_pools_runs_without_counting_an_outcome_twice(tmp_path):
+  pool = SkillLibrary.seeded(tmp_path / "pool", sources=[])
+  run_a = SkillLibrary.seeded(tmp_path / "a", sources=[])
+  run_b = SkillLibrary.seeded(tmp_path / "b", sources=[])
+  for lib in (run_a, run_b):
+    lib.add(skill("s1"))
+  run_a.record_outcome("s1", "code", True, version="v1.0", run="a", effect=_m(0.2))
+  run_b.record_outcome("s1", "code", None, version="v1.0", run="b", effect=_m(0.02))
+  run_b.add(skill("s2"))
+  assert pool.merge(tmp_path / "a") == ["s1"]
+  assert sorted(pool.merge(tmp_path / "b")) == ["s1", "s2"]
+  assert pool.merge(tmp_path / "a") == [] and pool.merge(tmp_path / "b") == []  # again
+  s = SkillLibrary(tmp_path / "pool").get("s1")
+  assert s.domains == {"code": {"successes": 1, "failures": 0}}
+  assert [h["run"] for h in s.history] == ["a", "b"] and s.effect["n"] == 2
+  assert s.effect["mean"] == pytest.approx(0.11)
+  # A later run that started from the pool brings the pool's outcomes back: no double count.
+  run_c = SkillLibrary.seeded(tmp_path / "c", sources=[tmp_path / "pool"])
+  run_c.record_outcome("s1", "code", False, version="v1.0", run="c", effect=_m(-0.3))
+  pool.merge(tmp_path / "c")
+  assert pool.get("s1").domains == {"code": {"successes": 1, "failures": 1}}
+  other = SkillLibrary.seeded(tmp_path / "other", sources=[])
+  other.add(skill("s1", intervention={"binding": "Learner.clip_high", "kind": "set",
+                                      "value": 0.4}))
+  with pytest.raises(SkillError, match="another trigger or intervention"):
+    pool.merge(tmp_path / "other")

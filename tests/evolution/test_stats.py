@@ -217,3 +217,27 @@ def test_score_label_names_k_from_the_evaluation_keys():
   assert stats.score_label({"avg8": 0.3, "reward": 1.0}) == "avg8"
   assert stats.score_label({}) == "avg8"
   assert stats.score_label({"avg8x": 0.1, "pass": 1.0}) == "avg8"
+
+
+def test_pooled_effect_is_the_inverse_variance_mean_worked_by_hand():
+  # Standard errors 0.1 and 0.2 (half-widths 0.196 and 0.392): weights 100 and 25.
+  a = {"diff": 0.10, "lo": 0.10 - 0.196, "hi": 0.10 + 0.196}
+  b = {"diff": 0.00, "lo": -0.392, "hi": 0.392}
+  e = stats.pooled_effect([a, b])
+  assert e["n"] == 2
+  assert e["mean"] == pytest.approx((100 * 0.10 + 25 * 0.0) / 125)  # 0.08
+  se = 1 / math.sqrt(125)
+  assert (e["lo"], e["hi"]) == (pytest.approx(0.08 - 1.96 * se), pytest.approx(0.08 + 1.96 * se))
+  # Two equal measurements: the same mean, the interval narrower by sqrt(2).
+  e2 = stats.pooled_effect([a, a])
+  assert e2["mean"] == pytest.approx(0.10)
+  assert e2["hi"] - e2["lo"] == pytest.approx(2 * 0.196 / math.sqrt(2))
+
+
+def test_pooled_effect_skips_measurements_that_are_not_finite():
+  nan = {"diff": math.nan, "lo": math.nan, "hi": math.nan}
+  assert stats.pooled_effect([nan])["n"] == 0 and math.isnan(stats.pooled_effect([])["mean"])
+  one = {"diff": 0.05, "lo": 0.0, "hi": 0.1}
+  assert stats.pooled_effect([nan, one])["mean"] == pytest.approx(0.05)
+  # A zero-width interval is floored, not given infinite weight.
+  assert stats.pooled_effect([{"diff": 0.2, "lo": 0.2, "hi": 0.2}, one])["n"] == 2

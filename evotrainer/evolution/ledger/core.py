@@ -40,6 +40,7 @@ import os
 import sqlite3
 import threading
 import time
+import uuid
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from evotrainer.evolution.ledger.records import (ATTEMPT_STATUSES, GOOD, OUTCOMES,
@@ -53,7 +54,8 @@ from evotrainer.evolution.ledger.table import lineage_table
 # Commits counted by a ledger with an `on_commit` hook (a remote workdir's local copy):
 # mirror.py compares the count of the local copy and the workdir's.
 COMMITS_KEY = "mirror_commits"
-_RESERVED_META = ("schema_version", "incumbent", "incumbent_seq", "clock", COMMITS_KEY)
+_RESERVED_META = ("schema_version", "incumbent", "incumbent_seq", "clock", "run_uid",
+                  COMMITS_KEY)
 # How long a write waits for another process's write transaction before a LedgerError
 # naming the holder (one run's controller is the only writer; a wait means a stranger).
 BUSY_TIMEOUT_S = 10.0
@@ -114,6 +116,7 @@ class Ledger:
             self._conn.execute(statement)
         self._put_meta("schema_version", SCHEMA_VERSION)
         self._put_meta("clock", 0)
+        self._put_meta("run_uid", uuid.uuid4().hex)
 
   def _check_existing(self) -> bool:
     """Reads the schema version through a read-only connection (the file is never
@@ -297,6 +300,19 @@ class Ledger:
   @property
   def schema_version(self) -> int:
     return self.get_meta("schema_version")
+
+  @property
+  def run_uid(self) -> str:
+    """The run's identity: a random hex id drawn when the ledger is created (and on first
+    use in a ledger written before it existed), kept across resumes and by a copy
+    (`sweep.start_from`, which continues the same lineage). Skill outcomes carry it, so
+    that version ids, which every run restarts, name one branch across runs."""
+    uid = self.get_meta("run_uid")
+    if uid is None:
+      with self.transaction():
+        uid = self.get_meta("run_uid") or uuid.uuid4().hex
+        self._put_meta("run_uid", uid)
+    return uid
 
   def _tick(self) -> int:
     """The next value of the ledger's logical clock (orders status decisions)."""
