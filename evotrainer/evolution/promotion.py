@@ -13,8 +13,8 @@ its steps already trained the lineage further, so without evidence that it is wo
 is not thrown away; with `'unless_worse'` any branch not worse beyond noise is kept (a
 single branch without a control is its parent trained further plus a change: rejecting
 it for a loss inside the noise throws away steps the static harness keeps); validators
-still veto, and such a keep teaches no skill (its
-evidence is within noise). A branch whose per-problem
+still veto, and such a keep counts as no skill success (its evidence is within noise):
+it records its measured effect, which skills pool across runs (`Skill.effect`). A branch whose per-problem
 results equal the control's is inert: its knob never acted. When no change is kept and
 the control beats the parent beyond noise, the control (continued training) is promoted;
 otherwise it is pruned. Each outcome is one verdict (`Promotion._verdict`) with its
@@ -446,7 +446,7 @@ class Promotion:
                           f"control {vc['version']} (the change never acted)"),
         "kept": lambda: (f"kept {self._weak_rule()} (keep_on={self.config.keep_on!r}), "
                          f"not beyond noise: "
-                         f"{ci}{cci}; validators pass; no skill learned" if _weak_keep(x)
+                         f"{ci}{cci}; validators pass; no skill success" if _weak_keep(x)
                          else f"kept: beats {ref}; Holm-corrected over {k} branches)"
                          f"{'; ' + ci if vc else ''}; validators pass"),
         "continued": lambda: (f"continued training: no change beat the control, and the "
