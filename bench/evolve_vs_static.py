@@ -206,7 +206,6 @@ class Bench:
       return {**done["static"], "same_run_as": "static"}  # the lineage kept every step
     return static_arm(self.run(name, launches[arm]))
 
-
   def pooled_evolution(self, name: str, seed: int) -> dict:
     """The evotrainer arm started from `--skills_pool`, merged back into it once done.
     How many runs the pool held at the launch is kept beside the run (`<name>.pool.json`,

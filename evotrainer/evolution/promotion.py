@@ -14,8 +14,8 @@ is not thrown away; with `'unless_worse'` any branch not worse beyond noise is k
 single branch without a control is its parent trained further plus a change: rejecting
 it for a loss inside the noise throws away steps the static harness keeps); validators
 still veto, and such a keep counts as no skill success (its evidence is within noise):
-it records its measured effect, which skills pool across runs (`Skill.effect`). A branch whose per-problem
-results equal the control's is inert: its knob never acted. When no change is kept and
+it records its measured effect, which skills pool across runs (`Skill.effect`). A branch
+whose per-problem results equal the control's is inert: its knob never acted. When no change is kept and
 the control beats the parent beyond noise, the control (continued training) is promoted;
 otherwise it is pruned. Each outcome is one verdict (`Promotion._verdict`) with its
 reason; a collapsed branch and a branch whose training drifted (the active

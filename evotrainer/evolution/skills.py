@@ -48,10 +48,10 @@ import re
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from evotrainer import atomic
-from evotrainer.evolution.stats import pooled_effect
 from evotrainer.evolution.search_space import (ComponentListKnob, Intervention, SearchSpace,
                                                same_value, extra_item, canonical,
                                                make_intervention, normalize)
+from evotrainer.evolution.stats import pooled_effect
 
 SEED_DIR = pathlib.Path(__file__).resolve().parent / "seed_skills"
 CATEGORIES = ("reward design", "filter mechanism", "training stability",
@@ -301,8 +301,7 @@ class Skill:
   @property
   def harmful(self) -> bool:
     """Worse beyond noise over two or more measurements pooled: no longer proposed."""
-    e = self.effect
-    return e["n"] >= 2 and e["hi"] < 0
+    return _harmful(self.effect)
 
   @property
   def domains_validated(self) -> list:
@@ -446,6 +445,10 @@ def _check_history(history: Any, where: str) -> None:
                        f"got {h!r}")
 
 
+def _harmful(effect: Mapping) -> bool:
+  return effect["n"] >= 2 and effect["hi"] < 0
+
+
 def _key(h: Mapping) -> tuple:
   """What names one outcome: the run, the version, the domain."""
   return (h.get("run"), h.get("version"), h.get("domain"))
@@ -526,10 +529,11 @@ class SkillLibrary:
     ranked = []
     for s in self._skills.values():
       ok, matched = s.triggered(findings, bindings)
-      if ok and not s.harmful:
+      effect = s.effect
+      if ok and not _harmful(effect):
         severity = max([float(_get(f, "severity") or 0.0) for f in matched], default=0.0)
-        effect = s.effect["mean"] if s.effect["n"] else 0.0
-        ranked.append((-s.evidence, -effect, -severity, s.name, s))
+        mean = effect["mean"] if effect["n"] else 0.0
+        ranked.append((-s.evidence, -mean, -severity, s.name, s))
     return [r[-1] for r in sorted(ranked, key=lambda r: r[:4])]
 
   def add(self, skill: Skill) -> Skill:
@@ -555,14 +559,14 @@ class SkillLibrary:
     not count twice; `run` is the run's identity (`Ledger.run_uid`)."""
     name = skill if isinstance(skill, str) else skill.name
     s = self.get(name)
-    if success is None and not (effect and all(
-        math.isfinite(float(effect[k])) for k in ("diff", "lo", "hi"))):
+    measured = _finite(effect)
+    if success is None and measured is None:
       raise SkillError(f"skill {name}: an outcome that is neither success nor failure "
                        f"needs the measured effect")
     entry = {"run": run, "version": version, "domain": domain,
              "success": None if success is None else bool(success)}
-    if effect and all(math.isfinite(float(effect[k])) for k in ("diff", "lo", "hi")):
-      entry["effect"] = {k: float(effect[k]) for k in ("diff", "lo", "hi")}
+    if measured is not None:
+      entry["effect"] = measured
     if version is not None:
       for h in s.history:
         if _key(h) == _key(entry):
@@ -585,7 +589,7 @@ class SkillLibrary:
     changed = []
     for other in SkillLibrary(source):
       if other.name not in self._skills:
-        self.add(dataclasses.replace(other))
+        self.add(other)
         changed.append(other.name)
         continue
       mine = self._skills[other.name]
@@ -604,6 +608,14 @@ class SkillLibrary:
     atomic.write_text(self.directory / f"{skill.name}.json", _text(skill))
     self._skills[skill.name] = skill
     return skill
+
+
+def _finite(effect: Optional[Mapping]) -> Optional[dict]:
+  """{diff, lo, hi} as floats, or None when absent or not all finite."""
+  if not effect:
+    return None
+  out = {k: float(effect[k]) for k in ("diff", "lo", "hi")}
+  return out if all(math.isfinite(v) for v in out.values()) else None
 
 
 def _word(success: Optional[bool]) -> str:
