@@ -417,3 +417,14 @@ def test_merge_pools_runs_without_counting_an_outcome_twice(tmp_path):
                                       "value": 0.4}))
   with pytest.raises(SkillError, match="another trigger or intervention"):
     pool.merge(tmp_path / "other")
+
+
+def test_the_committed_skills_pool_loads_and_names_its_runs():
+  """bench/results/skills_pool_code_smol (written by bench.evolve_arms.pool_skills): every
+  file is a valid skill, and every recorded outcome names its run."""
+  import pathlib
+  pool = pathlib.Path(__file__).resolve().parents[2] / "bench/results/skills_pool_code_smol"
+  lib = SkillLibrary(pool)
+  assert {s.name for s in lib} >= {p.stem for p in sk.SEED_DIR.glob("*.json")}
+  outcomes = [h for s in lib for h in s.history]
+  assert outcomes and all(h["run"] and h["version"] for h in outcomes)
