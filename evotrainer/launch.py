@@ -151,16 +151,11 @@ def _approve() -> None:
     _fail("gate", f"approve: {e}")
 
 
-def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.getLogger().setLevel(logging.WARNING)
-  if FLAGS.approve is not None:
-    _approve()
-    return
+def _parse_config():
+  """Imports --import's modules and parses the gin files and bindings (with the flags
+  that set a binding); returns the command line the workdir's fingerprint records."""
   from evotrainer import config as config_lib
-  from evotrainer import errors, paths, registry, workdir as workdir_lib
-
+  from evotrainer import registry
   command_line = config_lib.CommandLine(
       gin_files=tuple(FLAGS.gin_file), gin_bindings=tuple(FLAGS.gin_bindings),
       gin_search_paths=tuple(FLAGS.gin_search_paths), imports=tuple(FLAGS["import"].value),
@@ -173,32 +168,71 @@ def main(argv) -> None:
   except config_lib.ConfigError as e:
     _fail("config", str(e))
   config_lib.compilation_cache()
-  workdir = FLAGS.workdir or os.path.join("runs", pathlib.Path(FLAGS.gin_file[-1]).stem)
-  mode = _mode()
-  _check_flags(mode, workdir)
-  lock = hosts = None
-  primary = True  # until the processes are joined
-  left = ["", "stopped"]  # what the other processes of a multi-process evolve are told
-  try:
-    from evotrainer.evolution.ledger.mirror import record_segment
-    from evotrainer.run import run
-    from evotrainer.sharding.mesh import initialize_distributed
-    multi = initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
-                                   FLAGS.process_id)
-    if multi and mode in _CONTROLLER_MODES and paths.is_remote(workdir):
+  return command_line
+
+
+def _join_processes(mode: str, workdir: str):
+  """Starts the multi-process runtime when one is configured; an evolution or sweep
+  across processes joins its pod (one controller, process 0's: pod.py). Returns (the
+  pod's hosts or None, whether this process is the primary one)."""
+  from evotrainer import paths
+  from evotrainer.sharding.mesh import initialize_distributed
+  multi = initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
+                                 FLAGS.process_id)
+  if not multi:
+    return None, True
+  hosts = None
+  if mode in _CONTROLLER_MODES:
+    if paths.is_remote(workdir):
       _fail("config", f"run.mode='{mode}' across processes needs a --workdir every host "
                       f"shares (a file system or a gcsfuse mount), not {workdir}: its "
                       f"branches' checkpoints are written by every process, and a gs:// "
                       f"workdir's branches train in process 0's local mirror")
-    if multi and mode in _CONTROLLER_MODES:  # one controller, process 0's (pod.py)
-      from evotrainer.evolution import pod
-      hosts = pod.join()
-    primary = not multi or __import__("jax").process_index() == 0
-    if mode != "ledger" and primary:  # one process per workdir; readers need no lock
+    from evotrainer.evolution import pod
+    hosts = pod.join()
+  return hosts, __import__("jax").process_index() == 0
+
+
+def _note_segment(mode: str, workdir: str) -> None:
+  """A relaunch whose configuration differs (accepted by --new_segment) is a new segment:
+  the workdir's fingerprint and the ledger both record it."""
+  from evotrainer import workdir as workdir_lib
+  from evotrainer.evolution.ledger.mirror import record_segment
+  if mode in ("train", "branch", "evolve", "sweep"):
+    if workdir_lib.check_fingerprint(workdir, new_segment=FLAGS.new_segment):
+      record_segment(workdir)
+
+
+def _fail_known(known, e: Exception, workdir: str, primary: bool) -> None:
+  """Ends a known failure in one line; process 0 writes the traceback to error.log (a
+  gs:// workdir's stays in its local mirror)."""
+  from evotrainer import errors, paths
+  local = (None if paths.is_remote(workdir) and paths.scheme(workdir) not in paths.SCHEMES
+           else paths.mirror_dir(workdir))
+  where = (errors.write_traceback(local / "error.log", e)
+           if primary and local is not None and local.is_dir() else None)
+  if FLAGS.verbose:
+    import traceback
+    traceback.print_exc()
+  # Our own refusals say everything; for the rest the traceback may help.
+  hint = where and not FLAGS.verbose and known[0] not in ("lock", "workdir", "config")
+  _fail(known[0], known[1] + (f" [traceback: {where}]" if hint else ""))
+
+
+def _run_locked(mode: str, workdir: str, command_line) -> None:
+  """Runs the mode holding the workdir's lock (one process per workdir; a ledger reader
+  needs none). A known failure ends in one line; across processes, the others are told
+  how this one ended."""
+  from evotrainer import errors, workdir as workdir_lib
+  from evotrainer.run import run
+  lock = hosts = None
+  primary = True  # until the processes are joined
+  left = ["", "stopped"]  # what the other processes of a multi-process evolve are told
+  try:
+    hosts, primary = _join_processes(mode, workdir)
+    if mode != "ledger" and primary:
       lock = workdir_lib.WorkdirLock(workdir).acquire()
-      if mode in ("train", "branch", "evolve", "sweep"):
-        if workdir_lib.check_fingerprint(workdir, new_segment=FLAGS.new_segment):
-          record_segment(workdir)  # a new segment: the ledger notes it too
+      _note_segment(mode, workdir)
     run(workdir, command_line=command_line)
     left = None
   except Exception as e:  # pylint: disable=broad-except  (known failures: one line)
@@ -206,22 +240,26 @@ def main(argv) -> None:
     left = list(known) if known else ["", f"{type(e).__name__}: {str(e)[:500]}"]
     if known is None:
       raise
-    # A gs:// workdir's error.log stays in its local mirror.
-    local = (None if paths.is_remote(workdir) and paths.scheme(workdir) not in paths.SCHEMES
-             else paths.mirror_dir(workdir))
-    where = (errors.write_traceback(local / "error.log", e)  # process 0 writes the files
-             if primary and local is not None and local.is_dir() else None)
-    if FLAGS.verbose:
-      import traceback
-      traceback.print_exc()
-    # Our own refusals say everything; for the rest the traceback may help.
-    hint = where and not FLAGS.verbose and known[0] not in ("lock", "workdir", "config")
-    _fail(known[0], known[1] + (f" [traceback: {where}]" if hint else ""))
+    _fail_known(known, e, workdir, primary)
   finally:
     if hosts is not None:
       hosts.leave(left)
     if lock is not None:
       lock.release()
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.getLogger().setLevel(logging.WARNING)
+  if FLAGS.approve is not None:
+    _approve()
+    return
+  command_line = _parse_config()
+  workdir = FLAGS.workdir or os.path.join("runs", pathlib.Path(FLAGS.gin_file[-1]).stem)
+  mode = _mode()
+  _check_flags(mode, workdir)
+  _run_locked(mode, workdir, command_line)
 
 
 def run_main() -> None:
