@@ -85,8 +85,8 @@ from evotrainer.evolution.promotion import CONTINUE, CONTROL, Promotion, VerifyC
 from evotrainer.evolution.proposal import Proposal
 from evotrainer.evolution.proposers import Hypothesis
 from evotrainer.evolution.results import Results, avg8
-from evotrainer.evolution.search_space import SearchSpace
-from evotrainer.evolution.skills import SkillLibrary
+from evotrainer.evolution.search_space import SearchSpace, SearchSpaceError
+from evotrainer.evolution.skills import SkillError, SkillLibrary
 from evotrainer.evolution.stats import score_label
 from evotrainer.evolution.trainer import Trainer
 
@@ -110,6 +110,11 @@ class LoopConfig:
     continue_keeps_best: the continuation ends on its best validated state, not its last
       (`train.keep_best`): one noisy end point no longer decides what the lineage carries.
     progress: a bar over the trainings and one line per event on the terminal.
+    adopt_skills: 0 (off), or N: a new run's root starts from the skills whose effect in
+      this domain, pooled over at least N measurements (earlier runs' branches), is
+      better beyond noise (`SkillLibrary.proven`), one per binding, largest effect first;
+      their trigger findings are not required. What was adopted is recorded in the
+      ledger (`controller/adopted`) and carried by every version of the run.
   """
   domain: str = "math"
   branches: int = 3
@@ -120,12 +125,15 @@ class LoopConfig:
   continue_steps: int = 0
   continue_keeps_best: bool = False
   progress: bool = False
+  adopt_skills: int = 0
 
   def __post_init__(self):
-    if self.continue_steps < 0 or self.branches < 1 or self.generations < 0:
+    if (self.continue_steps < 0 or self.branches < 1 or self.generations < 0
+        or self.adopt_skills < 0):
       raise ValueError(f"continue_steps={self.continue_steps}, branches={self.branches}, "
-                       f"generations={self.generations}; expected continue_steps >= 0 (0: "
-                       f"no continuation), branches >= 1, generations >= 0")
+                       f"generations={self.generations}, adopt_skills={self.adopt_skills}; "
+                       f"expected continue_steps >= 0 (0: no continuation), branches >= 1, "
+                       f"generations >= 0, adopt_skills >= 0 (0: off)")
 
 
 def with_knobs(configs: Sequence[Any], knobs: Mapping[str, Any]) -> list:
@@ -435,13 +443,39 @@ class Controller:
     """Records and trains the root (from the warm start; from `checkpoint` under
     `bindings` when given) and makes it the incumbent when there is none."""
     if not self.ledger.has_version(ROOT):
-      self.ledger.add_version(ROOT, None, bindings=self.root_values(),
+      values = self.root_values()
+      if self.config.adopt_skills and checkpoint is None and not bindings:
+        values = self._adopt(values)
+      self.ledger.add_version(ROOT, None, bindings=values,
                               harness_version=self.ledger.get_meta("controller/harness"))
     root = self.ledger.version(ROOT)
+    adopted = self.ledger.get_meta("controller/adopted") or {}
+    if adopted.get("skills"):
+      bindings = [*self.results.gin(root.bindings), *bindings]
+      reason += f"; adopted skills: {', '.join(adopted['skills'])}"
     if "result" not in root.metrics:
       self._train_root(checkpoint, bindings)
     if self.ledger.get_meta("incumbent") is None and root.status == "running":
       self.ledger.promote(ROOT, reason=reason)
+
+  def _adopt(self, values: dict) -> dict:
+    """`values` with the proven skills applied (LoopConfig.adopt_skills), one per
+    binding; records what was adopted, and the values it replaced, in the ledger."""
+    base, names = {}, []
+    for s in (self.skills.proven(self.config.domain, self.config.adopt_skills)
+              if self.skills is not None else []):
+      try:
+        iv = s.instantiate(values, None, self.space)
+      except (SkillError, SearchSpaceError):
+        continue  # outside this space
+      if iv is None or iv.binding in base:
+        continue
+      base[iv.binding] = values[iv.binding]
+      values = self.space.apply(values, iv)
+      names.append(s.name)
+      self.progress.say(f"adopting skill {s.name}: {iv.description}")
+    self.ledger.set_meta("controller/adopted", {"skills": names, "base": base})
+    return values
 
   def _train_root(self, checkpoint: Optional[str], bindings: Sequence[str]) -> None:
     self.progress.training(ROOT, "the root" + (f" from {checkpoint}" if checkpoint else ""))

@@ -72,8 +72,10 @@ class Results:
     return out
 
   def gin(self, values: Mapping) -> list:
-    """The gin bindings of `values` that differ from the root's."""
-    root = self.ledger.version(ROOT).bindings
+    """The gin bindings of `values` that differ from what the command line sets: the
+    root's values, with the ones adopted from skills (`controller/adopted`) taken back."""
+    adopted = self.ledger.get_meta("controller/adopted") or {}
+    root = {**self.ledger.version(ROOT).bindings, **adopted.get("base", {})}
     return [f"{b} = {format_value(v)}" for b, v in values.items()
             if b not in root or canonical(root[b]) != canonical(v)]
 

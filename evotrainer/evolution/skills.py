@@ -298,6 +298,11 @@ class Skill:
     size one by one can show it together."""
     return pooled_effect([h["effect"] for h in self.history if h.get("effect")])
 
+  def effect_in(self, domain: str) -> dict:
+    """`effect`, pooled over the measurements made in `domain` only."""
+    return pooled_effect([h["effect"] for h in self.history
+                          if h.get("effect") and h.get("domain") == domain])
+
   @property
   def harmful(self) -> bool:
     """Worse beyond noise over two or more measurements pooled: no longer proposed."""
@@ -535,6 +540,18 @@ class SkillLibrary:
         mean = effect["mean"] if effect["n"] else 0.0
         ranked.append((-s.evidence, -mean, -severity, s.name, s))
     return [r[-1] for r in sorted(ranked, key=lambda r: r[:4])]
+
+  def proven(self, domain: str, min_n: int) -> list:
+    """Skills whose effect in `domain`, pooled over at least `min_n` measurements, is
+    better beyond noise (its interval above 0), largest pooled mean first; 'revert'
+    skills are left out (they need a lineage). Read by `evolve.adopt_skills`, which
+    applies them to a new run's root whatever its findings."""
+    ranked = []
+    for s in self._skills.values():
+      e = s.effect_in(domain)
+      if e["n"] >= max(1, min_n) and e["lo"] > 0 and s.intervention["kind"] != "revert":
+        ranked.append((-e["mean"], s.name, s))
+    return [r[-1] for r in sorted(ranked, key=lambda r: r[:2])]
 
   def add(self, skill: Skill) -> Skill:
     """Writes a new skill file. The same skill again is a no-op; another skill under a

@@ -23,7 +23,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            task=None, domain: str = "math", validators: list | None = None,
            diagnostics: list | None = None, continue_steps: int = 0,
            continue_keeps_best: bool = False, relative_health: bool = False,
-           command_line: CommandLine | None = None) -> dict | None:
+           adopt_skills: int = 0, command_line: CommandLine | None = None) -> dict | None:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
   Across several processes (evolution/pod.py) process 0 runs the controller and returns
@@ -66,6 +66,9 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
     relative_health: health validators (training_stability, canary_prompts) veto a
       change only when its control did not fail them too, and never veto a control or
       continuation; every other validator always vetoes (Controller).
+    adopt_skills: 0 (off), or N: the root starts from the skills (of `skills_dir` and the
+      seed skills) whose effect in `domain`, pooled over at least N measurements from
+      earlier runs, is better beyond noise, one per binding (Controller's LoopConfig).
     command_line: what the launch's command line said (launch.py), replayed for every
       branch (None: no gin file, binding or flag); not a gin knob.
 
@@ -118,7 +121,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
                             strict_verify=getattr(task, "strict_verify", None),
                             control=control, continue_steps=continue_steps,
                             continue_keeps_best=continue_keeps_best,
-                            relative_health=relative_health,
+                            relative_health=relative_health, adopt_skills=adopt_skills,
                             harness_builder=gin_harness_builder() if backtest else None)
     try:
       if mode == "sweep":

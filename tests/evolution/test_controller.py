@@ -17,7 +17,7 @@ from evotrainer.evolution.ledger import Ledger
 from evotrainer.evolution.proposers import propose
 from evotrainer.evolution.search_space import (ChoiceKnob, DictWeightKnob, FloatKnob, IntKnob,
                                                SearchSpace)
-from evotrainer.evolution.skills import SkillLibrary
+from evotrainer.evolution.skills import Skill, SkillLibrary
 from evotrainer.evolution.branch_result import BranchResult
 from evotrainer.harness.validators import ProxyTrueDisagreement
 
@@ -623,3 +623,57 @@ def test_a_kept_exploration_change_becomes_a_skill_the_next_run_proposes_first(t
   assert again.successes == 2
   assert [h["run"] for h in again.history] == [ledger.run_uid, second.ledger.run_uid]
   assert all(h["effect"]["lo"] > 0 for h in again.history)
+
+
+class BindingTrainer(ScriptedTrainer):
+  """ScriptedTrainer that also records the gin bindings each version trained under."""
+
+  def __init__(self, effects):
+    super().__init__(effects)
+    self.bindings = {}
+
+  def train(self, *, version, bindings, **kw):
+    self.bindings[version] = list(bindings)
+    return super().train(version=version, bindings=bindings, **kw)
+
+
+def _measured_skill(lib, name, intervention, effects, domain="math"):
+  """A skill whose history holds `effects` (paired diffs, half-width 0.05), one run each."""
+  lib.add(Skill(name=name, category="training stability", description="d",
+                trigger={"finding": "dead_group_ratio", "op": ">", "value": 0.5},
+                intervention=intervention, expected_outcome="e", validation_criterion="v",
+                domains={}))
+  for i, e in enumerate(effects):
+    lib.record_outcome(name, domain, None, version=f"v{i}.0", run=f"earlier-{i}",
+                       effect={"diff": e, "lo": e - 0.05, "hi": e + 0.05})
+
+
+@pytest.mark.parametrize("adopt", [0, 2])
+def test_adopt_skills_starts_the_root_from_proven_skills_and_every_version_keeps_them(
+    tmp_path, adopt):
+  trainer = BindingTrainer({})
+  c, ledger, _ = make(tmp_path, {}, trainer=trainer, generations=1, branches=1,
+                      adopt_skills=adopt)
+  _measured_skill(c.skills, "rloo-proven", {"binding": "Harness.estimator", "kind": "set",
+                                            "value": "rloo"}, [0.1, 0.1])
+  _measured_skill(c.skills, "lr-measured-once", {"binding": "Learner.learning_rate",
+                                                 "kind": "set", "value": 2e-5}, [0.2])
+  _measured_skill(c.skills, "group-in-code", {"binding": "train.group_size", "kind": "set",
+                                              "value": 12}, [0.1, 0.1], domain="code")
+  c.run()
+  root = ledger.version("v0")
+  assert root.bindings["Learner.learning_rate"] == 1e-5
+  assert root.bindings["train.group_size"] == 8
+  if not adopt:
+    assert root.bindings["Harness.estimator"] == "grpo"
+    assert ledger.get_meta("controller/adopted") is None and trainer.bindings["v0"] == []
+    return
+  assert root.bindings["Harness.estimator"] == "rloo"
+  assert ledger.get_meta("controller/adopted") == {"skills": ["rloo-proven"],
+                                                   "base": {"Harness.estimator": "grpo"}}
+  assert "adopted skills: rloo-proven" in root.reason
+  assert trainer.bindings["v0"] == ["Harness.estimator = 'rloo'"]
+  assert len(trainer.bindings) >= 3  # the root, the control and a branch
+  for vid, bindings in trainer.bindings.items():  # a version that keeps it trains with it
+    keeps = c.results.values(vid)["Harness.estimator"] == "rloo"
+    assert ("Harness.estimator = 'rloo'" in bindings) == keeps, (vid, bindings)

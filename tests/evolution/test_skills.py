@@ -428,3 +428,24 @@ def test_the_committed_skills_pool_loads_and_names_its_runs():
   assert {s.name for s in lib} >= {p.stem for p in sk.SEED_DIR.glob("*.json")}
   outcomes = [h for s in lib for h in s.history]
   assert outcomes and all(h["run"] and h["version"] for h in outcomes)
+
+
+def test_proven_needs_a_pooled_effect_beyond_noise_in_the_domain(tmp_path):
+  """Hand-worked: one measurement has se 0.1 (half-width 0.196); two pooled have se
+  0.1 / sqrt(2), half-width 0.139."""
+  lib = SkillLibrary(tmp_path)
+  for name in ("two-runs", "one-big", "other-domain", "inside-noise", "reverts"):
+    lib.add(skill(name, intervention={"binding": "Learner.clip_high", "kind": "revert"}
+                  if name == "reverts" else None))
+  for run in ("a", "b"):
+    lib.record_outcome("two-runs", "code", None, version="v1", run=run, effect=_m(0.15))
+    lib.record_outcome("other-domain", "math", None, version="v1", run=run, effect=_m(0.15))
+    lib.record_outcome("inside-noise", "code", None, version="v1", run=run, effect=_m(0.05))
+    lib.record_outcome("reverts", "code", True, version="v1", run=run, effect=_m(0.3))
+  lib.record_outcome("one-big", "code", True, version="v1", run="a", effect=_m(0.3))
+  assert lib.get("two-runs").effect_in("code")["lo"] == pytest.approx(0.15 - 0.1386, abs=1e-3)
+  assert lib.get("two-runs").effect_in("math")["n"] == 0
+  assert [s.name for s in lib.proven("code", 2)] == ["two-runs"]
+  assert [s.name for s in lib.proven("code", 1)] == ["one-big", "two-runs"]  # by mean
+  assert [s.name for s in lib.proven("math", 2)] == ["other-domain"]
+  assert lib.proven("code", 3) == []
