@@ -15,11 +15,12 @@ single branch without a control is its parent trained further plus a change: rej
 it for a loss inside the noise throws away steps the static harness keeps); validators
 still veto, and such a keep counts as no skill success (its evidence is within noise):
 it records its measured effect, which skills pool across runs (`Skill.effect`). A branch
-whose per-problem results equal the control's is inert: its knob never acted. When no change is kept and
-the control beats the parent beyond noise, the control (continued training) is promoted;
-otherwise it is pruned. Each outcome is one verdict (`Promotion._verdict`) with its
-reason; a collapsed branch and a branch whose training drifted (the active
-`training_drift` diagnostic over its own series) get their findings at stage 'verify'.
+whose per-problem results equal the control's is inert: its knob never acted. When no
+change is kept and the control beats the parent beyond noise, the control (continued
+training) is promoted; otherwise it is pruned. Each outcome is one verdict
+(`Promotion._verdict`) with its reason; a collapsed branch and a branch whose training
+drifted (the active `training_drift` diagnostic over its own series) get their findings
+at stage 'verify'.
 Kept changes that no skill proposed become skills (learning.py). With
 `relative_health` the health validators stop vetoing what the change did not cause
 (`_waive_health`): a failure its control shares, or any failure of a version that

@@ -296,12 +296,12 @@ class Skill:
     """The change's effect pooled over every measurement in the history, across runs
     (`stats.pooled_effect`): {mean, lo, hi, n}. Runs too short to show an effect of this
     size one by one can show it together."""
-    return pooled_effect([h["effect"] for h in self.history if h.get("effect")])
+    return self.effect_in(None)
 
-  def effect_in(self, domain: str) -> dict:
-    """`effect`, pooled over the measurements made in `domain` only."""
-    return pooled_effect([h["effect"] for h in self.history
-                          if h.get("effect") and h.get("domain") == domain])
+  def effect_in(self, domain: Optional[str]) -> dict:
+    """`effect`, pooled over the measurements made in `domain` only (None: every one)."""
+    return pooled_effect([h["effect"] for h in self.history if h.get("effect")
+                          and (domain is None or h.get("domain") == domain)])
 
   @property
   def harmful(self) -> bool:
