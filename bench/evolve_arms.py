@@ -210,19 +210,21 @@ def layer_of(binding: str) -> str:
 
 def retained(wd: pathlib.Path, incumbent: str) -> list:
   """The changes an evolution kept on its final lineage, root first, from its ledger:
-  [{'version', 'change', 'binding', 'layer'}] for each kept intervention (controls and
-  continuations change nothing and are left out), then one 'diagnostics' entry per harness
-  version the incumbent's harness descends through. [] when the run has no ledger."""
+  [{'version', 'change', 'binding', 'layer'}] for each skill the root adopted
+  (`evolve.adopt_skills`) and each kept intervention (controls and continuations change
+  nothing and are left out), then one 'diagnostics' entry per harness version the
+  incumbent's harness descends through. [] when the run has no ledger."""
   path = wd / "ledger.sqlite"
   if not path.exists():
     return []
   from evotrainer.evolution.ledger.core import Ledger
   with Ledger(path) as ledger:
     lineage = list(reversed(ledger.lineage(incumbent)))
-    out = [{"version": v.id, "change": iv["description"], "binding": iv["binding"],
-            "layer": layer_of(iv["binding"])}
-           for v in lineage for iv in (d.intervention for d in ledger.decisions(version=v.id))
-           if isinstance(iv, Mapping) and iv.get("binding")]
+    out = _adopted(ledger, lineage[0]) + [
+        {"version": v.id, "change": iv["description"], "binding": iv["binding"],
+         "layer": layer_of(iv["binding"])}
+        for v in lineage for iv in (d.intervention for d in ledger.decisions(version=v.id))
+        if isinstance(iv, Mapping) and iv.get("binding")]
     harness, chain = lineage[-1].harness_version, []
     while harness is not None:
       h = ledger.harness_version(harness)
@@ -231,6 +233,15 @@ def retained(wd: pathlib.Path, incumbent: str) -> list:
                       "layer": "diagnostics"})
       harness = h.parent
   return out + chain[::-1]
+
+
+def _adopted(ledger, root) -> list:
+  """The bindings the root's adopted skills set (ledger meta `controller/adopted`: the
+  value each held before) as retained entries, one per binding."""
+  base = (ledger.get_meta("controller/adopted") or {}).get("base") or {}
+  return [{"version": root.id, "binding": b, "layer": layer_of(b),
+           "change": f"{b}: {base[b]!r} -> {root.bindings.get(b)!r} (adopted)"}
+          for b in sorted(base)]
 
 
 def evolve_arm(summary: Mapping, wd: pathlib.Path) -> dict:

@@ -411,6 +411,14 @@ def test_retained_reads_the_kept_lineage_from_the_ledger(tmp_path):
   assert layer_of("CodeTask.difficulty") == "data" and layer_of("foo.bar") == "other"
   by = retained_by_layer({0: {"retained": got}, 1: {"retained": got[:1]}}, [0, 1])
   assert list(by) == ["diagnostics", "optimisation", "reward"]
+  with Ledger(tmp_path / "adopted" / "ledger.sqlite") as ledger:  # a root adopted skills
+    ledger.add_version("v0", None, bindings={"Learner.learning_rate": 4e-5, "x.y": 1},
+                       status="kept")
+    ledger.set_meta("controller/adopted", {"skills": ["lr-4e-5"],
+                                           "base": {"Learner.learning_rate": 2e-5}})
+  assert retained(tmp_path / "adopted", "v0") == [
+      {"version": "v0", "binding": "Learner.learning_rate", "layer": "optimisation",
+       "change": "Learner.learning_rate: 2e-05 -> 4e-05 (adopted)"}]
   assert by["reward"] == [{"seed": 0, "version": "v1.0", "change": "add 'defines' = 0.3"},
                           {"seed": 1, "version": "v1.0", "change": "add 'defines' = 0.3"}]
 
