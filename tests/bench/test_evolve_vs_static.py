@@ -411,6 +411,8 @@ def test_retained_reads_the_kept_lineage_from_the_ledger(tmp_path):
   assert layer_of("CodeTask.difficulty") == "data" and layer_of("foo.bar") == "other"
   by = retained_by_layer({0: {"retained": got}, 1: {"retained": got[:1]}}, [0, 1])
   assert list(by) == ["diagnostics", "optimisation", "reward"]
+  assert by["reward"] == [{"seed": 0, "version": "v1.0", "change": "add 'defines' = 0.3"},
+                          {"seed": 1, "version": "v1.0", "change": "add 'defines' = 0.3"}]
   with Ledger(tmp_path / "adopted" / "ledger.sqlite") as ledger:  # a root adopted skills
     ledger.add_version("v0", None, bindings={"Learner.learning_rate": 4e-5, "x.y": 1},
                        status="kept")
@@ -419,8 +421,6 @@ def test_retained_reads_the_kept_lineage_from_the_ledger(tmp_path):
   assert retained(tmp_path / "adopted", "v0") == [
       {"version": "v0", "binding": "Learner.learning_rate", "layer": "optimisation",
        "change": "Learner.learning_rate: 2e-05 -> 4e-05 (adopted)"}]
-  assert by["reward"] == [{"seed": 0, "version": "v1.0", "change": "add 'defines' = 0.3"},
-                          {"seed": 1, "version": "v1.0", "change": "add 'defines' = 0.3"}]
 
 
 def test_static_lineage_is_the_static_run_when_the_lineage_kept_every_step(tmp_path,
