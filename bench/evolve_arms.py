@@ -23,6 +23,11 @@ Arms (the paper's comparison, Avg@8 on the same test problems with the same keys
   evotrainer          the evolution gin as shipped (skill-guided proposer)
   static_lineage      the static harness trained exactly as many steps as the evotrainer
                       run of the same seed kept on its final lineage (`lineage_steps`)
+  static_adopted      the static harness with the settings the evotrainer run of the same
+                      seed adopted at its root (`evolve.adopt_skills`: earlier runs' proven
+                      skills, `adopted_bindings`), for the evolution's total RL steps: what
+                      the carried-over skills give without the run's own search. A root
+                      that adopted nothing makes it the static run (`same_run_as: static`)
 
 Every arm but base and static_lineage trains `total_steps`: the root, every branch,
 control and continuation of an evolution with the domain's shape.
@@ -36,7 +41,7 @@ import pathlib
 from typing import Mapping, Optional, Sequence
 
 ARMS = ("base", "static", "clip_higher", "recipe_search", "best_static_filter",
-        "evotrainer", "static_lineage")
+        "evotrainer", "static_lineage", "static_adopted")
 
 CLIP_HIGHER = (0.2, 0.28)  # (clip_low, clip_high): DAPO's clip-higher
 
@@ -110,14 +115,16 @@ def arm_launches(domain: str, seed: int, generations: int, branches: int, branch
                  group_filter: Optional[str] = None,
                  lineage_steps: Optional[int] = None,
                  evolve_extra: Sequence[str] = (),
-                 skills_dir: Optional[str] = None) -> dict:
+                 skills_dir: Optional[str] = None,
+                 adopted: Optional[Sequence[str]] = None) -> dict:
   """arm -> (gin files, bindings) of its `evotrainer.launch` command, and `total_steps`,
   the RL steps every arm trains. `extra` bindings go to every arm, `evolve_extra` to the
   evolution arms only (controller knobs: the fixed-harness arms' commands, and so their
   finished runs, stay the same), `skills_dir` (a skills pool the run starts from,
   `evolve.skills_dir`) to evotrainer only. best_static_filter is there when
-  `group_filter` (a name in FILTERS) is given, static_lineage when `lineage_steps` is;
-  base launches nothing."""
+  `group_filter` (a name in FILTERS) is given, static_lineage when `lineage_steps` is,
+  static_adopted when `adopted` (gin bindings, `adopted_bindings`) is; base launches
+  nothing."""
   d = DOMAINS[domain]
   total = total_steps(generations, branches, branch_steps, control, continue_steps)
   common = [f"run.seed = {seed}", *extra]
@@ -143,6 +150,8 @@ def arm_launches(domain: str, seed: int, generations: int, branches: int, branch
     out["best_static_filter"] = static(total, filter_binding(group_filter))
   if lineage_steps is not None:
     out["static_lineage"] = static(lineage_steps)
+  if adopted is not None:
+    out["static_adopted"] = static(total, *adopted)
   return out
 
 
@@ -244,10 +253,27 @@ def _adopted(ledger, root) -> list:
           for b in sorted(base)]
 
 
+def adopted_bindings(wd: pathlib.Path) -> list:
+  """The gin bindings of the settings an evolution's root adopted from skills
+  (`evolve.adopt_skills`; ledger meta `controller/adopted`), with the values the root
+  trained under, sorted; [] when it adopted none or the run has no ledger."""
+  path = wd / "ledger.sqlite"
+  if not path.exists():
+    return []
+  from evotrainer.evolution.intervention import format_value
+  from evotrainer.evolution.ledger.core import Ledger
+  from evotrainer.evolution.ledger.records import ROOT
+  with Ledger(path) as ledger:
+    base = (ledger.get_meta("controller/adopted") or {}).get("base") or {}
+    root = ledger.version(ROOT).bindings if base else {}
+  return [f"{b} = {format_value(root[b])}" for b in sorted(base)]
+
+
 def evolve_arm(summary: Mapping, wd: pathlib.Path) -> dict:
   """An evolution arm's figures: its incumbent's test and validation Avg@8, per-problem
   test scores, the RL steps trained in all and on the kept lineage, and the changes
-  retained on that lineage (`retained`)."""
+  retained on that lineage (`retained`), and the bindings its root adopted
+  (`adopted_bindings`)."""
   versions = {v["id"]: v for v in summary["versions"]}
   inc = versions[summary["incumbent"]]
   test = json.loads((wd / "versions" / inc["id"] / "test_eval.json").read_text())
@@ -258,7 +284,8 @@ def evolve_arm(summary: Mapping, wd: pathlib.Path) -> dict:
           "rl_steps": sum(int(v.get("steps") or 0) for v in trained),
           "lineage_steps": lineage_steps(summary),
           "selection_gap": (summary.get("selection") or {}).get("selection_gap"),
-          "retained": retained(wd, inc["id"]), "curves": test_curves(summary),
+          "retained": retained(wd, inc["id"]), "adopted": adopted_bindings(wd),
+          "curves": test_curves(summary),
           "wall_s": summary["wall_s"]}
 
 
@@ -309,7 +336,7 @@ def choose_filter(selection: Mapping[str, Mapping]) -> str:
   return max(names, key=lambda n: (validation(n), -names.index(n)))
 
 
-__all__ = ["ARMS", "CLIP_HIGHER", "DOMAINS", "Domain", "FILTERS", "arm_launches",
-           "base_arm", "choose_filter", "clip_higher_is_static", "evolve_arm",
+__all__ = ["ARMS", "CLIP_HIGHER", "DOMAINS", "Domain", "FILTERS", "adopted_bindings",
+           "arm_launches", "base_arm", "choose_filter", "clip_higher_is_static", "evolve_arm",
            "filter_binding", "lineage_steps", "pool_runs", "pool_skills", "static_arm",
            "total_steps"]

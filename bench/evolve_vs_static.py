@@ -22,10 +22,13 @@ before training), `static` (the shipped fixed harness), `clip_higher` (the stati
 at clip 0.2/0.28; the shipped static harnesses already clip so, and then it is the static
 run read back, `same_run_as: static`), `recipe_search` (hyper-parameters only),
 `best_static_filter` (the group filter of bench/evolve_arms.FILTERS whose selection run
-scored best on validation, trained at equal steps), `evotrainer`, and `static_lineage`
+scored best on validation, trained at equal steps), `evotrainer`, `static_lineage`
 (the static harness trained as many steps as the evotrainer run of the same seed kept on
 its final lineage, launched once that run is known; a lineage that kept every step makes
-it the static run, read back with `same_run_as: static`). Every arm but base and
+it the static run, read back with `same_run_as: static`) and `static_adopted` (the static
+harness with the settings the evotrainer run of the same seed adopted at its root,
+`evolve.adopt_skills`, at equal steps: the carried-over skills without the run's own
+search; a root that adopted nothing makes it the static run). Every arm but base and
 static_lineage trains as many RL steps as an evolution run trains in all: the root and
 every branch, control and continuation.
 
@@ -39,7 +42,8 @@ replacement, then test problems inside each seed).
 JSON keys: `split` ('test'), `seeds`, `model`, `means` {arm: test Avg@8},
 `validation_means`, `lineage_steps` {arm: mean RL steps on the kept lineage},
 `diff_vs_static` (evotrainer - static at equal total steps), `diff_vs_static_equal_lineage`
-(evotrainer - static_lineage), `diffs_vs_static` {arm: ...} and `diff_recipe_vs_static`
+(evotrainer - static_lineage), `diff_vs_static_adopted` (evotrainer - static_adopted),
+`diffs_vs_static` {arm: ...} and `diff_recipe_vs_static`
 (each {mean, lo, hi}), `selection_gap` (mean over seeds of the evotrainer incumbent's
 validation gain over its root minus its test gain), `retained` {layer: [{seed, version,
 change}]} (what the evolution kept on its final lineage, by layer: reward, filter, data,
@@ -63,7 +67,7 @@ seeds before it: what the pool measures is the evolution with a memory of earlie
 Resumable per (arm, seed): a finished run in `--workdir` (its `bench_done` marker) is read
 back, not relaunched, so seeds accumulate over several invocations; its command is kept in
 `bench_launch.json` and a run directory that holds another command is refused. `--arms`
-runs a subset (static always runs; static_lineage brings evotrainer).
+runs a subset (static always runs; static_lineage and static_adopted bring evotrainer).
 """
 
 from __future__ import annotations
@@ -79,9 +83,10 @@ from bench.evolve_arms import (ARMS, DOMAINS, FILTERS, arm_launches, base_arm, c
                                clip_higher_is_static, evolve_arm, filter_binding, pool_runs,
                                pool_skills, static_arm)
 
-# The order arms run in for one seed: static_lineage needs the evotrainer run's lineage.
+# The order arms run in for one seed: static_lineage and static_adopted need the evotrainer
+# run (its lineage, its adopted settings).
 ORDER = ("evotrainer", "recipe_search", "static", "base", "clip_higher",
-         "best_static_filter", "static_lineage")
+         "best_static_filter", "static_lineage", "static_adopted")
 def _args(argv):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated run seeds")
@@ -119,7 +124,7 @@ def _args(argv):
                        "how many runs the pool held at its launch)")
   ap.add_argument("--arms", default=",".join(ARMS),
                   help=f"comma-separated subset of {','.join(ARMS)} (static always runs; "
-                       f"static_lineage brings evotrainer)")
+                       f"static_lineage and static_adopted bring evotrainer)")
   ap.add_argument("--json", default=None, help="write the result here too")
   args = ap.parse_args(argv)
   d = DOMAINS[args.domain]
@@ -131,7 +136,8 @@ def _args(argv):
   unknown = wanted - set(ARMS)
   if unknown:
     ap.error(f"--arms: unknown {sorted(unknown)}; expected a subset of {list(ARMS)}")
-  wanted |= {"static"} | ({"evotrainer"} if "static_lineage" in wanted else set())
+  wanted |= {"static"} | ({"evotrainer"} if wanted & {"static_lineage", "static_adopted"}
+                           else set())
   args.arms = [a for a in ARMS if a in wanted]
   if "best_static_filter" in args.arms and args.filter_selection_seed in args.seeds:
     ap.error(f"--filter_selection_seed {args.filter_selection_seed} is a benchmark seed; "
@@ -200,10 +206,12 @@ class Bench:
       return evolve_arm(self.run(name, self.launches(seed)[arm]), self.root / name)
     kw = ({"group_filter": chosen_filter} if arm == "best_static_filter" else
           {"lineage_steps": done["evotrainer"]["lineage_steps"]}
-          if arm == "static_lineage" else {})
+          if arm == "static_lineage" else
+          {"adopted": done["evotrainer"]["adopted"]} if arm == "static_adopted" else {})
     launches = self.launches(seed, **kw)
-    if arm == "static_lineage" and launches[arm] == launches["static"]:
-      return {**done["static"], "same_run_as": "static"}  # the lineage kept every step
+    if arm in ("static_lineage", "static_adopted") and launches[arm] == launches["static"]:
+      # The lineage kept every step, or the root adopted nothing.
+      return {**done["static"], "same_run_as": "static"}
     return static_arm(self.run(name, launches[arm]))
 
   def pooled_evolution(self, name: str, seed: int) -> dict:
@@ -239,6 +247,7 @@ def summarize(arms: dict, seeds: list) -> dict:
           "lineage_steps": mean("lineage_steps"),
           "diff_vs_static": diff("evotrainer"),
           "diff_vs_static_equal_lineage": diff("evotrainer", "static_lineage"),
+          "diff_vs_static_adopted": diff("evotrainer", "static_adopted"),
           "diffs_vs_static": {a: diff(a) for a in ARMS if a != "static"},
           "diff_recipe_vs_static": diff("recipe_search"),
           "selection_gap": statistics.mean(gaps) if gaps else None,
@@ -263,7 +272,8 @@ def plot_page(arms: dict, seeds: list) -> str:
   base policy's test score (step 0) when the base arm is there."""
   from evotrainer.report.html import svg_chart
   names = {"evotrainer": "evotrainer lineage", "static": "static",
-           "static_lineage": "static, lineage steps", "recipe_search": "recipe search"}
+           "static_lineage": "static, lineage steps", "recipe_search": "recipe search",
+           "static_adopted": "static, adopted skills"}
   charts = []
   for s in seeds:
     start = [(0, arms["base"][s]["test"])] if "base" in arms else []  # the same policy

@@ -189,8 +189,11 @@ def test_the_declared_clip_and_filters_are_what_the_gin_files_bind(domain):
                                  clip_higher_is_static)
   d = DOMAINS[domain]
   clip = ["Learner.clip_low", "Learner.clip_high"]
-  out = arm_launches(domain, 0, 1, 1, 4, True, lineage_steps=8, group_filter="std")
+  out = arm_launches(domain, 0, 1, 1, 4, True, lineage_steps=8, group_filter="std",
+                    adopted=["Learner.learning_rate = 4e-05"])
   assert tuple(_parsed(*out["static"], clip).values()) == d.static_clip
+  lr = ["Learner.learning_rate"]
+  assert _parsed(*out["static_adopted"], lr) == {"Learner.learning_rate": 4e-5}
   assert tuple(_parsed(*out["clip_higher"], clip).values()) == CLIP_HIGHER
   assert clip_higher_is_static(domain)  # every shipped static harness clips 0.2/0.28
   for arm in set(ARMS) - {"base"}:
@@ -319,7 +322,8 @@ def test_the_arms_resume_and_accumulate(tmp_path, monkeypatch):
   assert "train.steps = 24" in launched["static_lineage-s0"]
   assert out["lineage_steps"] == {"base": 0, "static": 32, "clip_higher": 32,
                                   "recipe_search": 24, "best_static_filter": 32,
-                                  "evotrainer": 24, "static_lineage": 24}
+                                  "evotrainer": 24, "static_lineage": 24,
+                                  "static_adopted": 32}
   assert out["arms"]["evotrainer"]["0"]["rl_steps"] == 32
   # base is the static run's test evaluation before RL; clip_higher is the static run.
   assert out["means"]["base"] == pytest.approx(0.125)
@@ -482,3 +486,54 @@ def test_a_skills_pool_carries_each_seeds_outcomes_to_the_next(tmp_path, monkeyp
   again = evolve_vs_static.main(argv)
   assert calls == [] and len(SkillLibrary(pool).get("s").history) == 2
   assert [again["arms"]["evotrainer"][s]["skills_pool_runs"] for s in ("0", "1")] == [0, 1]
+
+
+def _adopting_ledger(wd):
+  """An evolution's ledger whose root adopted a learning rate and a reward part."""
+  from evotrainer.evolution.ledger.core import Ledger
+  with Ledger(wd / "ledger.sqlite") as ledger:
+    ledger.add_version("v0", None, status="kept", bindings={
+        "Learner.learning_rate": 4e-5, "RewardComposer.parts": {"correct": 1.0, "defines": 0.275},
+        "SamplingParams.temperature": 1.0})
+    for vid, parent in (("v1.0", "v0"), ("v2.0", "v1.0"), ("v3.0", "v1.0")):
+      ledger.add_version(vid, parent, status="kept")
+    ledger.set_meta("controller/adopted", {
+        "skills": ["lr", "defines"],
+        "base": {"Learner.learning_rate": 2e-5, "RewardComposer.parts": {"correct": 1.0}}})
+
+
+def test_static_adopted_trains_the_static_harness_with_the_roots_adopted_settings(
+    tmp_path, monkeypatch):
+  """Seed 5's root adopted two settings: static_adopted is the static command plus exactly
+  those two bindings, at the same 32 steps. Seed 6's root adopted nothing: static_adopted
+  is the static run read back, and nothing more is launched."""
+  from bench import evolve_vs_static
+  from bench.evolve_arms import adopted_bindings
+  calls: list = []
+  fake = _fake_launch(calls)
+
+  def launch(gin_files, bindings, wd, log):
+    summary = fake(gin_files, bindings, wd, log)
+    if wd.name == "evotrainer-s5":
+      _adopting_ledger(wd)
+    return summary
+  monkeypatch.setattr(bench_common, "launch_run", launch)
+  out = evolve_vs_static.main(["--domain", "code_smol", "--seeds", "5,6", "--arms",
+                               "static_adopted", "--workdir", str(tmp_path / "w")])
+  assert [c[2] for c in calls] == ["evotrainer-s5", "static-s5", "static_adopted-s5",
+                                   "evotrainer-s6", "static-s6"]
+  launched = {c[2]: c[1] for c in calls}
+  adopted = ["Learner.learning_rate = 4e-05",
+             "RewardComposer.parts = {'correct': 1.0, 'defines': 0.275}"]
+  assert adopted_bindings(tmp_path / "w" / "evotrainer-s5") == adopted
+  assert sorted(launched["static_adopted-s5"]) == sorted([*launched["static-s5"], *adopted])
+  assert out["arms"]["static_adopted"]["6"]["same_run_as"] == "static"
+  assert "same_run_as" not in out["arms"]["static_adopted"]["5"]
+  assert out["arms"]["evotrainer"]["5"]["adopted"] == adopted
+  assert out["arms"]["evotrainer"]["6"]["adopted"] == []
+  # The fake trains every fixed harness to the same per-problem scores (validation 0.4):
+  # evotrainer 0.5, 0.5; static p0 = 0.25 + seed / 8 - 0.1, p1 = 0.5.
+  want = ((0.5 - (0.15 + 5 / 8)) + (0.5 - (0.15 + 6 / 8))) / 4
+  assert out["diff_vs_static_adopted"]["mean"] == pytest.approx(want)
+  assert out["diff_vs_static"]["mean"] == pytest.approx(want)
+  assert adopted_bindings(tmp_path / "missing") == []
