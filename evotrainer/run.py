@@ -71,7 +71,9 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
     summary = evolve(workdir, seed, mode=mode, task=task, command_line=command_line)
     if summary is None:  # another process than 0 of a multi-process evolution
       return {}
-    summary["wall_s"] = round(time.time() - start, 2)
+    # The controller's wall time counts every invocation of a resumed run; this one's is
+    # the fallback.
+    summary.setdefault("wall_s", round(time.time() - start, 2))
     write_summary(workdir, summary)
     return summary
   if mode == "ledger":

@@ -130,6 +130,11 @@ def test_evolve_and_sweep_go_to_the_controller_and_write_its_summary(tmp_path, m
   monkeypatch.setattr(run_lib, "evolve", lambda *a, **k: None)
   assert run_lib.run(str(tmp_path), mode=mode, task=task) == {}
   assert not (tmp_path / "summary.json").exists()
+  # A resumed run that finishes at once keeps the controller's wall time of all its
+  # invocations, not this one's fraction of a second.
+  monkeypatch.setattr(run_lib, "evolve", lambda *a, **k: {"versions": [], "wall_s": 2793.28})
+  assert run_lib.run(str(tmp_path), mode=mode, task=task)["wall_s"] == 2793.28
+  assert json.loads((tmp_path / "summary.json").read_text())["wall_s"] == 2793.28
 
 
 def test_a_sweep_without_a_file_is_an_error_before_any_ledger(tmp_path, clean_gin):
