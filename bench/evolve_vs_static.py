@@ -87,6 +87,8 @@ from bench.evolve_arms import (ARMS, DOMAINS, FILTERS, arm_launches, base_arm, c
 # run (its lineage, its adopted settings).
 ORDER = ("evotrainer", "recipe_search", "static", "base", "clip_higher",
          "best_static_filter", "static_lineage", "static_adopted")
+
+
 def _args(argv):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated run seeds")
