@@ -218,12 +218,13 @@ class Bench:
 
   def pooled_evolution(self, name: str, seed: int) -> dict:
     """The evotrainer arm started from `--skills_pool`, merged back into it once done.
-    How many runs the pool held at the launch is kept beside the run (`<name>.pool.json`,
-    written once), so a run read back reports what it started from."""
+    How many runs the pool held at its first launch is kept beside the run
+    (`<name>.pool.json`), so a run read back or resumed reports what it started from, not
+    the pool that later seeds have grown."""
     pool = pathlib.Path(self.args.skills_pool).resolve()
     pool.mkdir(parents=True, exist_ok=True)
     note = self.root / f"{name}.pool.json"
-    if not note.exists() or not (self.root / name / "bench_done").exists():
+    if not note.exists() or not (self.root / name).exists():
       note.write_text(json.dumps({"runs_before": pool_runs(pool)}) + "\n")
     out = evolve_arm(self.run(name, self.launches(seed)["evotrainer"]), self.root / name)
     merged = pool_skills(pool, self.root / name / "skills")

@@ -486,6 +486,12 @@ def test_a_skills_pool_carries_each_seeds_outcomes_to_the_next(tmp_path, monkeyp
   again = evolve_vs_static.main(argv)
   assert calls == [] and len(SkillLibrary(pool).get("s").history) == 2
   assert [again["arms"]["evotrainer"][s]["skills_pool_runs"] for s in ("0", "1")] == [0, 1]
+  # Seed 0 resumed (its run directory there, its marker gone): it still started from an
+  # empty pool, though the pool now holds both runs.
+  (tmp_path / "w" / "evotrainer-s0" / "bench_done").unlink()
+  resumed = evolve_vs_static.main(argv)
+  assert [c[2] for c in calls] == ["evotrainer-s0"]
+  assert [resumed["arms"]["evotrainer"][s]["skills_pool_runs"] for s in ("0", "1")] == [0, 1]
 
 
 def _adopting_ledger(wd):
