@@ -61,7 +61,7 @@ differences.
 starts from it (`evolve.skills_dir`) and is merged into it once finished
 (`SkillLibrary.merge`), so a later seed proposes from the outcomes, and the pooled
 effects, of the earlier ones; `arms.evotrainer.<seed>.skills_pool_runs` is how many runs
-the pool held at that seed's launch. Each seed is then no longer independent of the
+the pool held at that seed's first launch. Each seed is then no longer independent of the
 seeds before it: what the pool measures is the evolution with a memory of earlier runs.
 
 Resumable per (arm, seed): a finished run in `--workdir` (its `bench_done` marker) is read
@@ -123,7 +123,7 @@ def _args(argv):
                        "it (evolve.skills_dir) and its skills are merged back once it "
                        "finishes, in seed order, so later seeds propose from the "
                        "validated outcomes of earlier ones (`skills_pool_runs` per seed: "
-                       "how many runs the pool held at its launch)")
+                       "how many runs the pool held at its first launch)")
   ap.add_argument("--arms", default=",".join(ARMS),
                   help=f"comma-separated subset of {','.join(ARMS)} (static always runs; "
                        f"static_lineage and static_adopted bring evotrainer)")
