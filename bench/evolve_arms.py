@@ -244,10 +244,16 @@ def retained(wd: pathlib.Path, incumbent: str) -> list:
   return out + chain[::-1]
 
 
+def _adopted_base(ledger) -> dict:
+  """{binding: the value it held before} of the root's adopted skills (ledger meta
+  `controller/adopted`); {} when the root adopted none."""
+  return (ledger.get_meta("controller/adopted") or {}).get("base") or {}
+
+
 def _adopted(ledger, root) -> list:
   """The bindings the root's adopted skills set (ledger meta `controller/adopted`: the
   value each held before) as retained entries, one per binding."""
-  base = (ledger.get_meta("controller/adopted") or {}).get("base") or {}
+  base = _adopted_base(ledger)
   return [{"version": root.id, "binding": b, "layer": layer_of(b),
            "change": f"{b}: {base[b]!r} -> {root.bindings.get(b)!r} (adopted)"}
           for b in sorted(base)]
@@ -264,7 +270,7 @@ def adopted_bindings(wd: pathlib.Path) -> list:
   from evotrainer.evolution.ledger.core import Ledger
   from evotrainer.evolution.ledger.records import ROOT
   with Ledger(path) as ledger:
-    base = (ledger.get_meta("controller/adopted") or {}).get("base") or {}
+    base = _adopted_base(ledger)
     root = ledger.version(ROOT).bindings if base else {}
   return [f"{b} = {format_value(root[b])}" for b in sorted(base)]
 
