@@ -122,5 +122,9 @@ def test_the_pretrained_code_configs_parse_and_say_what_they_run(parsed):
   # Each chat-model finding has a change to try in this space.
   found = [Finding(kind, "behaviour", 0.5, 0.5, 0.2, "") for kind in (
       "prose_rate", "broken_fence", "syntax_error_rate", "wrong_name_rate", "runaway_length")]
-  tried = {h.finding for h in skill_hypotheses(found, values, space, None)}
-  assert tried == {f.kind for f in found}
+  hyps = skill_hypotheses(found, values, space, None)
+  assert {h.finding for h in hyps} == {f.kind for f in found}
+  # Runaway length's first change is the stop rule at the block's closing fence.
+  runaway = [h.intervention for h in hyps if h.finding == "runaway_length"]
+  assert values["SamplingParams.stop_rule"] == ""
+  assert (runaway[0].binding, runaway[0].new) == ("SamplingParams.stop_rule", "code_block")

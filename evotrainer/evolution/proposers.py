@@ -83,7 +83,9 @@ CATALOG: dict = {
                          "stray from the asked name once defining it pays (defines)"),
                         ("temperature", None, "fewer programs stray from the asked name "
                          "at another sampling temperature")],
-    "runaway_length": [("max_new_tokens", None, "fewer completions cut at the limit"),
+    "runaway_length": [("stop_rule", None, "fewer completions run past their code block "
+                        "once a rollout ends at the fence that closes it"),
+                       ("max_new_tokens", None, "fewer completions cut at the limit"),
                        ("trajectory_filters", ("add",), "truncated rows stop training")],
     "proxy_true_disagreement": [("RewardComposer.parts", ("remove",), "the proxy and BC "
                                  "agree again once the gameable part is gone")],

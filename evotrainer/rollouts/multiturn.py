@@ -241,7 +241,12 @@ class MultiTurnEngine:
   def __call__(self, params, problems: Sequence, group: int, key: jax.Array,
                sampling: SamplingParams, pad_rows_to: Optional[int] = None) -> Generation:
     """Runs G episodes per problem; `sampling` gives temperature / top-k / top-p /
-    greedy (its `max_new_tokens` is replaced by `TurnBudget.max_tokens_per_turn`)."""
+    greedy (its `max_new_tokens` is replaced by `TurnBudget.max_tokens_per_turn`). A
+    turn ends at a stop id or its budget; `SamplingParams.stop_rule` is single-turn only."""
+    if sampling.stop_rule:
+      raise ValueError(f"SamplingParams.stop_rule = {sampling.stop_rule!r} applies to "
+                       "single-turn rollouts; a multi-turn episode's turns end at a stop id "
+                       "or TurnBudget.max_tokens_per_turn")
     if self.sampler_shardings is not None:
       params = jax.device_put(params, self.sampler_shardings)
     budget = self.budget

@@ -10,6 +10,7 @@ import numpy as np
 
 from evotrainer.rollouts.generation import Generation, cut_at_stop
 from evotrainer.sampling import Sampler, SamplingParams, left_pad
+from evotrainer.sampling.stop_rules import rule_ids
 from evotrainer.sharding.multihost import broadcast_json, is_primary, to_host
 
 
@@ -33,7 +34,8 @@ class SingleTurnEngine:
     if pad_rows_to and n < pad_rows_to:  # a fixed batch shape: no recompile
       ids = ids + [ids[-1]] * (pad_rows_to - n)
     batch = left_pad(ids, self.tok.pad_id)
-    out = self.sampler(params, batch, key, stop_ids=self.tok.stop_ids, sampling=sampling)
+    out = self.sampler(params, batch, key, stop_ids=self.tok.stop_ids, sampling=sampling,
+                       rule_ids=rule_ids(self.tok, sampling.stop_rule))
     # Rows are sharded over the mesh, possibly over several processes: every process
     # gathers the whole batch (a collective), so all hold the same host rollouts.
     out = to_host(out)

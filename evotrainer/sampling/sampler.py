@@ -4,7 +4,8 @@ Prompts are left-padded to a bucket length P, so every row's next token goes to 
 same cache slot and the decode loop writes with one `dynamic_update_slice`. Prefill
 runs the prompt once (attending only over the prompt, writing its keys/values into the
 cache) and computes LM-head logits at the last position only. Decode is a
-`lax.while_loop` that stops early when every row has emitted a stop id. The cache is
+`lax.while_loop` that stops early when every row has emitted a stop id (or met its stop
+rule: the n-th token of a kind, `stop_rules.py`). The cache is
 exactly P + N slots long (no oversized cache to attend over) and is a donated buffer:
 each call hands the previous call's cache back to XLA to overwrite in place.
 Stale slots are never read: the mask admits only the row's prompt and what it
@@ -30,6 +31,7 @@ from flax import nnx
 
 from evotrainer.model.transformer import (K_CACHE_AXES, V_CACHE_AXES, KVCache, Transformer,
                                           init_cache)
+from evotrainer.sampling.stop_rules import MAX_RULE_IDS, check_rule
 from evotrainer.sampling.strategies import select
 from evotrainer.sharding.rules import SAMPLER_RULES, Rules, constrain, use_rules
 from evotrainer.types import PromptBatch, SamplerOutput
@@ -39,16 +41,21 @@ DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-  """How to choose tokens. `temperature` enters the program as an array (no recompile);
-  the rest are part of the compiled program."""
+  """How to choose tokens, and when a row ends. `temperature` and the stop rule's ids
+  enter the program as arrays (no recompile); the rest are part of the compiled program.
+  `stop_rule` names a rule of `stop_rules.STOP_RULES` ('' for none): the rollout engine
+  resolves it against its tokenizer; held-out evaluation builds its own params and never
+  applies one."""
 
   max_new_tokens: int = 64
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
   greedy: bool = False
+  stop_rule: str = ""
 
   def __post_init__(self):
+    check_rule(self.stop_rule)
     if self.max_new_tokens < 1:
       raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
     if not self.greedy and self.temperature <= 0:
@@ -73,7 +80,8 @@ class DecodeState:
   step: jax.Array  # [] int32: tokens generated so far (the next one goes to index `step`)
   tokens: jax.Array  # [B, N] int32: generated ids, pad where not generated
   logprobs: jax.Array  # [B, N] float32: log-probs of generated ids, 0 elsewhere
-  done: jax.Array  # [B] bool: row has emitted a stop id
+  done: jax.Array  # [B] bool: row has emitted a stop id or met its stop rule
+  counts: jax.Array  # [B] int32: tokens emitted among the stop rule's ids
   lengths: jax.Array  # [B] int32: generated tokens per row, stop id included
   cache: KVCache  # per layer [B, KV, P + N, D]
   rng: jax.Array  # PRNG key
@@ -121,6 +129,25 @@ def _is_stop(ids: jax.Array, stop_ids: jax.Array) -> jax.Array:
   return jnp.any(ids[:, None] == stop_ids, axis=-1)
 
 
+@flax.struct.dataclass
+class RuleStop:
+  """A stop rule as the program sees it: a row ends once it has emitted `count` tokens
+  among `ids` (`stop_rules.rule_ids`). `count` 0: no rule."""
+
+  ids: jax.Array  # [MAX_RULE_IDS] int32, padded with -1
+  count: jax.Array  # [] int32
+
+  @classmethod
+  def none(cls) -> "RuleStop":
+    return cls(ids=np.full((MAX_RULE_IDS,), -1, np.int32), count=np.int32(0))
+
+  def update(self, ids: jax.Array, live: jax.Array, counts: jax.Array):
+    """(the counts after `ids` [B], the rows the rule ends now) for the `live` rows."""
+    hit = live & jnp.any(ids[:, None] == self.ids[None, :], axis=-1)
+    counts = counts + hit.astype(jnp.int32)
+    return counts, hit & (self.count > 0) & (counts >= self.count)
+
+
 @dataclasses.dataclass(frozen=True)
 class Prefix:
   """A continuation's cached context: the previous call's cache and where its rows go.
@@ -150,7 +177,8 @@ def shift_cache(cache: KVCache, shift: jax.Array, length: int) -> KVCache:
 
 def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
            prompt_lengths: jax.Array, stop_ids: jax.Array, rng: jax.Array,
-           temperature: jax.Array, shift: Optional[jax.Array] = None, *,
+           temperature: jax.Array, shift: Optional[jax.Array] = None,
+           rule: Optional[RuleStop] = None, *,
            max_new_tokens: int, top_k: int, top_p: float, greedy: bool, pad_id: int,
            rules: Optional[Rules] = SAMPLER_RULES, vocab_limit: Optional[int] = None,
            width: Optional[int] = None, group: int = 1):
@@ -167,6 +195,7 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
     rng: PRNG key.
     temperature: [] float32.
     shift: None, or [B] int32 (`Prefix.shift`): continue from `cache`'s cached context.
+    rule: the stop rule (`RuleStop`); None: none.
     vocab_limit: ids >= this are never sampled (a model vocabulary padded past the
       tokenizer's, as in Qwen checkpoints); log-probs are normalized over the rest.
     width: with `shift`, P: the whole context's padded width (static).
@@ -193,9 +222,10 @@ def sample(graphdef, params, cache: KVCache, prompt_tokens: jax.Array,
                              continued=shift is not None, group=group)
     pick = functools.partial(select, temperature=temperature, top_k=top_k, top_p=top_p,
                              greedy=greedy)
-    state = _first_state(logits, cache, rng, stop_ids, pick, n=max_new_tokens,
+    rule = RuleStop.none() if rule is None else rule
+    state = _first_state(logits, cache, rng, stop_ids, rule, pick, n=max_new_tokens,
                          pad_id=pad_id)
-    step = _decode_step(model, head, pad, stop_ids, pick, p=p, s=s, pad_id=pad_id)
+    step = _decode_step(model, head, pad, stop_ids, rule, pick, p=p, s=s, pad_id=pad_id)
     state = jax.lax.while_loop(
         lambda st: (st.step < max_new_tokens) & ~jnp.all(st.done), step, state)
     out = SamplerOutput(tokens=state.tokens, logprobs=state.logprobs,
@@ -252,20 +282,22 @@ def _prefill(model: Transformer, head, cache: KVCache, prompt_tokens: jax.Array,
 
 
 def _first_state(logits: jax.Array, cache: KVCache, rng: jax.Array, stop_ids: jax.Array,
-                 pick, *, n: int, pad_id: int) -> DecodeState:
+                 rule: RuleStop, pick, *, n: int, pad_id: int) -> DecodeState:
   """The decode loop's carry after the first token, picked from the prefill's logits."""
   b = logits.shape[0]
   rng, key = jax.random.split(rng)
   first, first_logp = pick(logits, key)
   tokens = jnp.full((b, n), pad_id, jnp.int32).at[:, 0].set(first)
   logprobs = jnp.zeros((b, n), jnp.float32).at[:, 0].set(first_logp)
+  counts, ruled = rule.update(first, jnp.ones((b,), bool), jnp.zeros((b,), jnp.int32))
   return DecodeState(step=jnp.int32(1), tokens=constrain(tokens, ("batch", None)),
-                     logprobs=logprobs, done=_is_stop(first, stop_ids),
-                     lengths=jnp.ones((b,), jnp.int32), cache=cache, rng=rng)
+                     logprobs=logprobs, done=_is_stop(first, stop_ids) | ruled,
+                     counts=counts, lengths=jnp.ones((b,), jnp.int32), cache=cache,
+                     rng=rng)
 
 
-def _decode_step(model: Transformer, head, pad: jax.Array, stop_ids: jax.Array, pick, *,
-                 p: int, s: int, pad_id: int):
+def _decode_step(model: Transformer, head, pad: jax.Array, stop_ids: jax.Array,
+                 rule: RuleStop, pick, *, p: int, s: int, pad_id: int):
   """The decode loop's body: feeds each row's last token at slot P + step - 1 (attending
   over its prompt and what it generated so far), picks the next; finished rows emit
   `pad_id` with log-prob 0."""
@@ -286,10 +318,11 @@ def _decode_step(model: Transformer, head, pad: jax.Array, stop_ids: jax.Array, 
     tokens = jax.lax.dynamic_update_slice_in_dim(st.tokens, ids[:, None], st.step, axis=1)
     logprobs = jax.lax.dynamic_update_slice_in_dim(st.logprobs, logp[:, None], st.step,
                                                    axis=1)
+    counts, ruled = rule.update(ids, live, st.counts)
     return DecodeState(step=st.step + 1, tokens=tokens, logprobs=logprobs,
-                       done=st.done | (live & _is_stop(ids, stop_ids)),
-                       lengths=st.lengths + live.astype(jnp.int32), cache=new_cache,
-                       rng=rng)
+                       done=st.done | (live & _is_stop(ids, stop_ids)) | ruled,
+                       counts=counts, lengths=st.lengths + live.astype(jnp.int32),
+                       cache=new_cache, rng=rng)
 
   return body
 
@@ -406,8 +439,11 @@ class Sampler:
 
   def __call__(self, params, batch: PromptBatch, rng: jax.Array, *, stop_ids=None,
                sampling: SamplingParams = SamplingParams(), prefix: Optional[Prefix] = None,
-               return_cache: bool = False):
+               return_cache: bool = False, rule_ids=None):
     """Samples a continuation of every row of `batch` (module docstring).
+
+    `rule_ids` is `stop_rules.rule_ids(tokenizer, sampling.stop_rule)`: (ids, count), or
+    None for no stop rule.
 
     With `prefix`, `batch.tokens` holds only the last M tokens of each row's context
     (left-padded) and `batch.lengths` the whole contexts' lengths (<= `prefix.width`): the
@@ -444,7 +480,8 @@ class Sampler:
     group = self._group(batch) if prefix is None else 1
     out, cache = fn(
         params, cache, tokens, lengths, self._stop_array(stop_ids, b), rng,
-        jnp.float32(sampling.temperature), shift, max_new_tokens=sampling.max_new_tokens,
+        jnp.float32(sampling.temperature), shift, _rule_stop(rule_ids),
+        max_new_tokens=sampling.max_new_tokens,
         top_k=sampling.top_k, top_p=float(sampling.top_p), greedy=sampling.greedy,
         pad_id=self.pad_id, rules=self.rules, vocab_limit=self.vocab_limit,
         width=None if prefix is None else p, group=group)
@@ -452,6 +489,13 @@ class Sampler:
       return out, cache
     self._caches[(b, s)] = cache
     return out
+
+
+def _rule_stop(rule_ids) -> RuleStop:
+  if rule_ids is None:
+    return RuleStop.none()
+  ids, count = rule_ids
+  return RuleStop(ids=np.asarray(ids, np.int32), count=np.int32(count))
 
 
 # gin: `SamplingParams.max_new_tokens = 32`, `run.sampling = @SamplingParams()`.
