@@ -321,16 +321,19 @@ class Promotion:
 
   def _record_skills(self, rows: Sequence[Mapping], outcomes: Mapping) -> None:
     """Skill outcomes of the branches a skill proposed, each with its measured effect
-    (against the control, else the parent); kept other changes are learned. A keep
-    inside the noise is no success: it records its effect alone, and is learned only
-    when that effect is positive (`Skill.effect` pools such measurements across runs)."""
+    (against the control, else the parent, said by its `against`: a parent has trained
+    the branch's steps fewer, so such an effect holds their gain too); kept other changes
+    are learned. A keep inside the noise is no success: it records its effect alone, and
+    is learned only when that effect is positive (`Skill.effect` pools such measurements
+    across runs)."""
     skills = self.learner.skills
     for x in rows:
       if x["verdict"] == "inert":
         continue  # the knob never acted: no evidence for a skill
       h = Hypothesis.from_dict(x["branch"]["hypothesis"])
       ref = x.get("vs_control", x)
-      effect = {k: ref[k] for k in ("diff", "lo", "hi")}
+      effect = {**{k: ref[k] for k in ("diff", "lo", "hi")},
+                "against": "control" if "vs_control" in x else "parent"}
       success = None if _weak_keep(x) else outcomes[x["version"]][1] == "success"
       if h.skill and skills is not None and h.skill in skills:
         skills.record_outcome(h.skill, self.learner.domain, success, version=x["version"],

@@ -259,7 +259,8 @@ class Skill:
   the run's identity (`Ledger.run_uid`) and the version name one branch across runs, so
   that recording the same outcome twice (a resumed run, a merged library) counts once.
   `effect` is the branch's measured paired effect {diff, lo, hi} on the validation
-  split; `success` is None for a measurement that decided nothing beyond noise (a keep
+  split, with `against` ('control' or 'parent') where recorded: an effect against the
+  parent also holds what the branch's steps would have gained unchanged; `success` is None for a measurement that decided nothing beyond noise (a keep
   inside the noise), which adds to `effect` and to no count.
   """
 
@@ -437,17 +438,24 @@ class Skill:
                source=d.get("source", "seed"))
 
 
+AGAINST = ("control", "parent")  # what a recorded effect was measured against
+
+
+def _valid_effect(effect: Any) -> bool:
+  return effect is None or (isinstance(effect, Mapping) and effect.get(
+      "against", AGAINST[0]) in AGAINST and all(_is_number(effect.get(k))
+                                                for k in ("diff", "lo", "hi")))
+
+
 def _check_history(history: Any, where: str) -> None:
   if not isinstance(history, (list, tuple)):
     raise SkillError(f"{where}: history must be a list, got {history!r}")
   for i, h in enumerate(history):
-    effect = h.get("effect") if isinstance(h, Mapping) else None
-    if not isinstance(h, Mapping) or h.get("success") not in (True, False, None) or (
-        effect is not None and not (isinstance(effect, Mapping) and all(
-            _is_number(effect.get(k)) for k in ("diff", "lo", "hi")))):
+    if not (isinstance(h, Mapping) and h.get("success") in (True, False, None) and
+            _valid_effect(h.get("effect"))):
       raise SkillError(f"{where}: history[{i}] must be {{'run', 'version', 'domain', "
-                       f"'success': true | false | null, 'effect': {{diff, lo, hi}}}}, "
-                       f"got {h!r}")
+                       f"'success': true | false | null, 'effect': {{diff, lo, hi[, "
+                       f"against: {' | '.join(AGAINST)}]}}}}, got {h!r}")
 
 
 def _harmful(effect: Mapping) -> bool:
@@ -628,11 +636,19 @@ class SkillLibrary:
 
 
 def _finite(effect: Optional[Mapping]) -> Optional[dict]:
-  """{diff, lo, hi} as floats, or None when absent or not all finite."""
+  """{diff, lo, hi} as floats (and its `against`, if given), or None when absent or not
+  all finite."""
   if not effect:
     return None
   out = {k: float(effect[k]) for k in ("diff", "lo", "hi")}
-  return out if all(math.isfinite(v) for v in out.values()) else None
+  if not all(math.isfinite(v) for v in out.values()):
+    return None
+  if "against" not in effect:
+    return out
+  if effect["against"] not in AGAINST:
+    raise SkillError(f"an effect's 'against' is {effect['against']!r}; expected one of "
+                     f"{AGAINST}")
+  return {**out, "against": effect["against"]}
 
 
 def _word(success: Optional[bool]) -> str:

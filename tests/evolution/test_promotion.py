@@ -103,7 +103,8 @@ def test_keep_on_mean_keeps_a_gain_inside_the_noise_and_records_only_its_effect(
       assert (skill.successes, skill.failures) == (0, 0)
       (h,) = skill.history
       assert h["success"] is None and h["run"] == ledger.run_uid and h["version"] == "v1.0"
-      assert h["effect"] == {k: pytest.approx(v.heldout[k]) for k in ("diff", "lo", "hi")}
+      assert h["effect"] == {**{k: pytest.approx(v.heldout[k]) for k in ("diff", "lo", "hi")},
+                             "against": "control"}
     else:
       assert v.status == "rejected" and v.heldout["verdict"] == "not_beyond_noise"
       assert ledger.incumbent().id == "v0" and _learned(tmp_path, name) == []
@@ -161,6 +162,22 @@ def test_keep_on_mean_still_credits_a_change_against_its_control(tmp_path):
   v = ledger.version("v1.0")
   assert v.heldout["diff"] > 0.1 and v.heldout["control_diff"] < 0
   assert v.status == "rejected" and ledger.incumbent().id == "v1.c"
+
+
+def test_an_effect_without_a_control_is_recorded_as_against_the_parent(tmp_path):
+  """With no control, a branch is compared with its parent, which has trained its steps
+  fewer: a change that does nothing beats it by what continuing gains (+0.15 here). The
+  skill it teaches says so (`against: 'parent'`), so its effect is not read as the
+  change's own."""
+  c, ledger, _ = make(tmp_path, {}, trainer=ContinueTrainer({}, 0.15), branches=1,
+                      control=False)
+  _one_knob(c, "Harness.estimator").run()
+  v = ledger.version("v1.0")
+  assert v.status == "kept" and v.heldout["diff"] == pytest.approx(0.15)
+  (learned,) = _learned(tmp_path)
+  (h,) = SkillLibrary(tmp_path / "run" / "skills").get(learned[:-len(".json")]).history
+  assert h["success"] is True and h["effect"]["against"] == "parent"
+  assert h["effect"]["diff"] == pytest.approx(0.15)
 
 
 def test_an_unknown_keep_on_is_a_clear_error():

@@ -345,6 +345,23 @@ def test_the_same_version_name_in_two_runs_is_two_outcomes(tmp_path):
     lib.record_outcome("s1", "code", True, version="v1.0", run="b")
 
 
+def test_an_effect_keeps_what_it_was_measured_against(tmp_path):
+  lib = SkillLibrary(tmp_path)
+  lib.add(skill("s1"))
+  lib.record_outcome("s1", "code", None, version="v1.0", run="a",
+                     effect={**_m(0.04), "against": "parent"})
+  lib.record_outcome("s1", "code", True, version="v2.0", run="a", effect=_m(0.06))
+  with pytest.raises(SkillError, match="'against' is 'sibling'"):
+    lib.record_outcome("s1", "code", True, version="v3.0", run="a",
+                       effect={**_m(0.06), "against": "sibling"})
+  s = SkillLibrary(tmp_path).get("s1")  # what the file holds
+  assert [h["effect"].get("against") for h in s.history] == ["parent", None]
+  assert s.effect["n"] == 2 and s.effect["mean"] == pytest.approx(0.05)
+  bad = {**s.to_dict(), "history": [{**s.history[0], "effect": {**_m(0.1), "against": 1}}]}
+  with pytest.raises(SkillError, match=r"history\[0\] must be"):
+    Skill.from_dict(bad, where="s1")
+
+
 def test_a_measurement_alone_counts_nothing_and_pools_into_the_effect(tmp_path):
   lib = SkillLibrary(tmp_path)
   lib.add(skill("s1"))
