@@ -33,10 +33,13 @@ _ALL = 10_000  # "every neighbour" for the proxy proposer
 RECIPE_GROUPS = ("hyper",)  # knob groups the recipe-search baseline may turn
 SUBTRACTIONS = ("remove",)  # intervention kinds that take something away
 
+TURN_ON = "turn_on"  # a catalog entry's kinds: only a 'set' to a non-empty value
+
 # Per-finding catalog: which bindings address a bottleneck, as (substring of the knob's
 # binding, or of its name when it holds a bracket: "RewardComposer.parts['format']" is
-# that one entry; allowed intervention kinds or None for any; what we expect and why).
-# Used when no skill matches; the substrings keep it independent of a particular gin file.
+# that one entry; allowed intervention kinds, TURN_ON, or None for any; what we expect
+# and why). Used when no skill matches; the substrings keep it independent of a
+# particular gin file.
 CATALOG: dict = {
     "dead_group_ratio": [
         ("RewardComposer.parts", ("add",), "DGR falls: a continuous part separates rows "
@@ -83,7 +86,7 @@ CATALOG: dict = {
                          "stray from the asked name once defining it pays (defines)"),
                         ("temperature", None, "fewer programs stray from the asked name "
                          "at another sampling temperature")],
-    "runaway_length": [("stop_rule", None, "fewer completions run past their code block "
+    "runaway_length": [("stop_rule", TURN_ON, "fewer completions run past their code block "
                         "once a rollout ends at the fence that closes it"),
                        ("max_new_tokens", None, "fewer completions cut at the limit"),
                        ("trajectory_filters", ("add",), "truncated rows stop training")],
@@ -140,6 +143,15 @@ def _group(space: SearchSpace, iv: Intervention) -> str:
   return space.knob_for(iv).group
 
 
+def _wanted(iv: Intervention, kinds: Any) -> bool:
+  """Whether a catalog entry's `kinds` (a tuple, TURN_ON or None) admit `iv`: TURN_ON
+  admits switching a mechanism on, never off (the finding it answers persists when the
+  mechanism is on, and switching it off does not address it)."""
+  if kinds == TURN_ON:
+    return iv.kind == "set" and iv.new not in ("", None, [], {})
+  return kinds is None or iv.kind in kinds
+
+
 def _exploration(space: SearchSpace, values: Mapping, rng: random.Random, k: int,
                  source: str, why: str) -> list:
   return [Hypothesis(iv, f"change {iv.description}, expect held-out Avg@8 to rise, because "
@@ -178,7 +190,7 @@ def skill_hypotheses(findings: Sequence, values: Mapping, space: SearchSpace,
         except SearchSpaceError:
           continue
         for iv in cands:
-          if kinds is None or iv.kind in kinds:
+          if _wanted(iv, kinds):
             out.append(Hypothesis(iv, f"change {iv.description}, expect {expect}, because "
                                       f"{kind}: {message}", DEFAULT_CRITERION, "catalog",
                                   knob.group, None, kind))
@@ -235,5 +247,5 @@ def propose(proposer: str, *, findings: Sequence, values: Mapping, space: Search
   return out
 
 
-__all__ = ["CATALOG", "DEFAULT_CRITERION", "Hypothesis", "PROPOSERS", "RECIPE_GROUPS",
+__all__ = ["CATALOG", "DEFAULT_CRITERION", "Hypothesis", "PROPOSERS", "RECIPE_GROUPS", "TURN_ON",
            "propose", "skill_hypotheses"]

@@ -1,9 +1,9 @@
 """skill_hypotheses: what the catalog proposes for each finding, by hand."""
 
 from evotrainer.evolution.proposers import skill_hypotheses
-from evotrainer.evolution.search_space import FloatKnob, SearchSpace
+from evotrainer.evolution.search_space import ChoiceKnob, FloatKnob, SearchSpace
 from evotrainer.harness.diagnostics.score import ScoreTrend
-from evotrainer.types import Episode
+from evotrainer.types import Episode, Finding
 
 SPACE = SearchSpace([FloatKnob("Learner.learning_rate", 1e-5, 1e-4, log=True)])
 VALUES = {"Learner.learning_rate": 2e-5}
@@ -24,3 +24,20 @@ def test_an_improving_score_proposes_nothing_a_flat_one_a_learning_rate():
   hyps = skill_hypotheses(flat, VALUES, SPACE, None)
   assert hyps and {h.finding for h in hyps} == {"score_trend"}
   assert {h.intervention.binding for h in hyps} == {"Learner.learning_rate"}
+
+
+def test_runaway_length_turns_the_stop_rule_on_and_never_off():
+  """The catalog answers runaway length with the stop rule when it is off; with the rule
+  on, the finding can persist (completions whose block never closes), and switching the
+  rule off is no answer to it: seed 13 of the stop-rule benchmark tried exactly that."""
+  space = SearchSpace([ChoiceKnob("SamplingParams.stop_rule", ["", "code_block"], "filter"),
+                       FloatKnob("SamplingParams.max_new_tokens", 64, 256)])
+  runaway = [Finding("runaway_length", "efficiency", 0.5, 0.43, 0.25, "0.43 run long")]
+  off = {"SamplingParams.stop_rule": "", "SamplingParams.max_new_tokens": 128}
+  first = skill_hypotheses(runaway, off, space, None)[0].intervention
+  assert (first.binding, first.old, first.new) == ("SamplingParams.stop_rule", "",
+                                                   "code_block")
+  on = {**off, "SamplingParams.stop_rule": "code_block"}
+  hyps = skill_hypotheses(runaway, on, space, None)
+  assert hyps and all(h.intervention.binding == "SamplingParams.max_new_tokens"
+                      for h in hyps)
