@@ -247,5 +247,5 @@ def propose(proposer: str, *, findings: Sequence, values: Mapping, space: Search
   return out
 
 
-__all__ = ["CATALOG", "DEFAULT_CRITERION", "Hypothesis", "PROPOSERS", "RECIPE_GROUPS", "TURN_ON",
-           "propose", "skill_hypotheses"]
+__all__ = ["CATALOG", "DEFAULT_CRITERION", "Hypothesis", "PROPOSERS", "RECIPE_GROUPS",
+           "TURN_ON", "propose", "skill_hypotheses"]

@@ -260,8 +260,9 @@ class Skill:
   that recording the same outcome twice (a resumed run, a merged library) counts once.
   `effect` is the branch's measured paired effect {diff, lo, hi} on the validation
   split, with `against` ('control' or 'parent') where recorded: an effect against the
-  parent also holds what the branch's steps would have gained unchanged; `success` is None for a measurement that decided nothing beyond noise (a keep
-  inside the noise), which adds to `effect` and to no count.
+  parent also holds what the branch's steps would have gained unchanged. `success` is
+  None for a measurement that decided nothing beyond noise (a keep inside the noise),
+  which adds to `effect` and to no count.
   """
 
   name: str
@@ -442,9 +443,10 @@ AGAINST = ("control", "parent")  # what a recorded effect was measured against
 
 
 def _valid_effect(effect: Any) -> bool:
-  return effect is None or (isinstance(effect, Mapping) and effect.get(
-      "against", AGAINST[0]) in AGAINST and all(_is_number(effect.get(k))
-                                                for k in ("diff", "lo", "hi")))
+  if effect is None:
+    return True
+  return (isinstance(effect, Mapping) and effect.get("against", "control") in AGAINST
+          and all(_is_number(effect.get(k)) for k in ("diff", "lo", "hi")))
 
 
 def _check_history(history: Any, where: str) -> None:
