@@ -145,26 +145,30 @@ def test_a_sweep_without_a_file_is_an_error_before_any_ledger(tmp_path, clean_gi
   assert not (tmp_path / "ledger.sqlite").exists()
 
 
-def test_evolve_adopt_skills_starts_the_root_from_a_pool_of_proven_skills(tmp_path,
-                                                                          monkeypatch,
-                                                                          clean_gin):
+@pytest.mark.parametrize("measured,adopt_against,adopts", [
+    ("control", "control", True), ("parent", "control", False), ("parent", "parent", True)])
+def test_evolve_adopt_skills_starts_the_root_from_a_pool_of_proven_skills(
+    tmp_path, monkeypatch, clean_gin, measured, adopt_against, adopts):
   """`evolve.adopt_skills` through the mode: the root of a new run trains with the pool's
-  proven skill (`evolve.skills_dir`); the ledger names it."""
+  proven skill (`evolve.skills_dir`); the ledger names it. A skill measured against its
+  parent only counts with `evolve.adopt_against = 'parent'`."""
   from evotrainer.evolution.skills import SkillLibrary
   from tests.evolution import test_controller as tc
   pool = SkillLibrary.seeded(tmp_path / "pool", sources=[])
   tc._measured_skill(pool, "rloo-proven", {"binding": "Harness.estimator", "kind": "set",
-                                           "value": "rloo"}, [0.1, 0.1])
+                                           "value": "rloo"}, [0.1, 0.1], against=measured)
   trainer = tc.BindingTrainer({})
   monkeypatch.setattr(evolve_mode, "branch_trainer", lambda *a, **k: trainer)
   space = tc.space()
   monkeypatch.setattr(space, "current_values", lambda: dict(tc.VALUES))
   evolve_mode.evolve(str(tmp_path / "run"), 0, space=space, generations=0,
-                     skills_dir=str(tmp_path / "pool"), adopt_skills=2, backtest=False)
-  assert trainer.bindings == {"v0": ["Harness.estimator = 'rloo'"]}
+                     skills_dir=str(tmp_path / "pool"), adopt_skills=2,
+                     adopt_against=adopt_against, backtest=False)
+  assert trainer.bindings == {"v0": ["Harness.estimator = 'rloo'"] if adopts else []}
   with open_ledger(tmp_path / "run") as ledger:
-    assert ledger.version("v0").bindings["Harness.estimator"] == "rloo"
-    assert ledger.get_meta("controller/adopted")["skills"] == ["rloo-proven"]
+    assert (ledger.version("v0").bindings["Harness.estimator"] == "rloo") == adopts
+    assert ledger.get_meta("controller/adopted")["skills"] == (["rloo-proven"] if adopts
+                                                               else [])
 
 
 # ------------------------------------------------------------------ evaluations

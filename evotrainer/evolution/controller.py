@@ -86,7 +86,7 @@ from evotrainer.evolution.proposal import Proposal
 from evotrainer.evolution.proposers import Hypothesis
 from evotrainer.evolution.results import Results, avg8
 from evotrainer.evolution.search_space import SearchSpace, SearchSpaceError
-from evotrainer.evolution.skills import SkillError, SkillLibrary
+from evotrainer.evolution.skills import AGAINST, SkillError, SkillLibrary
 from evotrainer.evolution.stats import score_label
 from evotrainer.evolution.trainer import Trainer
 
@@ -115,6 +115,9 @@ class LoopConfig:
       better beyond noise (`SkillLibrary.proven`), one per binding, largest effect first;
       their trigger findings are not required. What was adopted is recorded in the
       ledger (`controller/adopted`) and carried by every version of the run.
+    adopt_against: which measurements `adopt_skills` counts: 'control' (default: effects
+      measured against a control branch only) or 'parent' (also those measured against
+      the branch's parent, which hold the gain of the branch's steps too).
   """
   domain: str = "math"
   branches: int = 3
@@ -126,8 +129,12 @@ class LoopConfig:
   continue_keeps_best: bool = False
   progress: bool = False
   adopt_skills: int = 0
+  adopt_against: str = "control"
 
   def __post_init__(self):
+    if self.adopt_against not in AGAINST:
+      raise ValueError(f"adopt_against={self.adopt_against!r}; expected 'control' (effects "
+                       f"measured against a control only) or 'parent' (those too)")
     if (self.continue_steps < 0 or self.branches < 1 or self.generations < 0
         or self.adopt_skills < 0):
       raise ValueError(f"continue_steps={self.continue_steps}, branches={self.branches}, "
@@ -462,8 +469,7 @@ class Controller:
     """`values` with the proven skills applied (LoopConfig.adopt_skills), one per
     binding; records what was adopted, and the values it replaced, in the ledger."""
     base, names = {}, []
-    for s in (self.skills.proven(self.config.domain, self.config.adopt_skills)
-              if self.skills is not None else []):
+    for s in self._proven():
       try:
         iv = s.instantiate(values, None, self.space)
       except (SkillError, SearchSpaceError):
@@ -476,6 +482,20 @@ class Controller:
       self.progress.say(f"adopting skill {s.name}: {iv.description}")
     self.ledger.set_meta("controller/adopted", {"skills": names, "base": base})
     return values
+
+  def _proven(self) -> list:
+    """The skills `_adopt` applies (LoopConfig.adopt_skills, adopt_against); says when
+    the pool holds none proven against a control but some against their parent."""
+    if self.skills is None:
+      return []
+    domain, n = self.config.domain, self.config.adopt_skills
+    counted = ("control",) if self.config.adopt_against == "control" else AGAINST
+    proven = self.skills.proven(domain, n, counted)
+    if not proven and self.skills.proven(domain, n, AGAINST):
+      self.progress.say("adopting no skill: none is proven against a control; some are "
+                        "against their parent only (evolve.adopt_against = 'parent' "
+                        "counts those)")
+    return proven
 
   def _train_root(self, checkpoint: Optional[str], bindings: Sequence[str]) -> None:
     self.progress.training(ROOT, "the root" + (f" from {checkpoint}" if checkpoint else ""))

@@ -58,6 +58,7 @@ CATEGORIES = ("reward design", "filter mechanism", "training stability",
               "evaluation protocol", "cross-domain transfer")
 TEMPLATE_KINDS = ("set", "scale", "add", "remove", "revert")
 FINDING_FIELDS = ("value", "severity", "threshold")
+AGAINST = ("control", "parent")  # what a recorded effect was measured against
 _NUM_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
             "==": operator.eq, "!=": operator.ne}
 _BINDING_OPS = tuple(_NUM_OPS) + ("contains", "lacks", "in")
@@ -259,8 +260,9 @@ class Skill:
   the run's identity (`Ledger.run_uid`) and the version name one branch across runs, so
   that recording the same outcome twice (a resumed run, a merged library) counts once.
   `effect` is the branch's measured paired effect {diff, lo, hi} on the validation
-  split, with `against` ('control' or 'parent') where recorded: an effect against the
-  parent also holds what the branch's steps would have gained unchanged. `success` is
+  split, with `against` ('control' or 'parent'; one recorded without it counts as
+  'parent'): an effect against the parent also holds what the branch's steps would have
+  gained unchanged. `success` is
   None for a measurement that decided nothing beyond noise (a keep inside the noise),
   which adds to `effect` and to no count.
   """
@@ -300,10 +302,12 @@ class Skill:
     size one by one can show it together."""
     return self.effect_in(None)
 
-  def effect_in(self, domain: Optional[str]) -> dict:
-    """`effect`, pooled over the measurements made in `domain` only (None: every one)."""
+  def effect_in(self, domain: Optional[str], against: Sequence[str] = AGAINST) -> dict:
+    """`effect`, pooled over the measurements made in `domain` only (None: every one)
+    and measured against one of `against` (`against_of`)."""
     return pooled_effect([h["effect"] for h in self.history if h.get("effect")
-                          and (domain is None or h.get("domain") == domain)])
+                          and (domain is None or h.get("domain") == domain)
+                          and against_of(h["effect"]) in against])
 
   @property
   def harmful(self) -> bool:
@@ -439,13 +443,16 @@ class Skill:
                source=d.get("source", "seed"))
 
 
-AGAINST = ("control", "parent")  # what a recorded effect was measured against
+def against_of(effect: Mapping) -> str:
+  """What `effect` was measured against: its `against`, or 'parent' for an effect recorded
+  before `against` existed (the weaker claim: it may hold the steps' own gain)."""
+  return effect.get("against", "parent")
 
 
 def _valid_effect(effect: Any) -> bool:
   if effect is None:
     return True
-  return (isinstance(effect, Mapping) and effect.get("against", "control") in AGAINST
+  return (isinstance(effect, Mapping) and against_of(effect) in AGAINST
           and all(_is_number(effect.get(k)) for k in ("diff", "lo", "hi")))
 
 
@@ -551,14 +558,16 @@ class SkillLibrary:
         ranked.append((-s.evidence, -mean, -severity, s.name, s))
     return [r[-1] for r in sorted(ranked, key=lambda r: r[:4])]
 
-  def proven(self, domain: str, min_n: int) -> list:
-    """Skills whose effect in `domain`, pooled over at least `min_n` measurements, is
-    better beyond noise (its interval above 0), largest pooled mean first; 'revert'
-    skills are left out (they need a lineage). Read by `evolve.adopt_skills`, which
-    applies them to a new run's root whatever its findings."""
+  def proven(self, domain: str, min_n: int, against: Sequence[str] = ("control",)) -> list:
+    """Skills whose effect in `domain`, pooled over at least `min_n` measurements made
+    against one of `against`, is better beyond noise (its interval above 0), largest
+    pooled mean first; 'revert' skills are left out (they need a lineage). Read by
+    `evolve.adopt_skills`, which applies them to a new run's root whatever its findings:
+    by default only effects measured against a control count, since one against the
+    parent also holds what the branch's steps gain unchanged."""
     ranked = []
     for s in self._skills.values():
-      e = s.effect_in(domain)
+      e = s.effect_in(domain, against)
       if e["n"] >= max(1, min_n) and e["lo"] > 0 and s.intervention["kind"] != "revert":
         ranked.append((-e["mean"], s.name, s))
     return [r[-1] for r in sorted(ranked, key=lambda r: r[:2])]
@@ -667,6 +676,6 @@ def _counted(domains: Mapping, entries: Iterable[Mapping]) -> dict:
   return out
 
 
-__all__ = ["CATEGORIES", "SEED_DIR", "Skill", "SkillError", "SkillLibrary", "TEMPLATE_KINDS",
-           "check_condition", "check_template", "evaluate", "load_skill", "state_of",
-           "template_of"]
+__all__ = ["AGAINST", "CATEGORIES", "SEED_DIR", "Skill", "SkillError", "SkillLibrary",
+           "TEMPLATE_KINDS", "against_of", "check_condition", "check_template", "evaluate",
+           "load_skill", "state_of", "template_of"]

@@ -23,7 +23,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            task=None, domain: str = "math", validators: list | None = None,
            diagnostics: list | None = None, continue_steps: int = 0,
            continue_keeps_best: bool = False, relative_health: bool = False,
-           adopt_skills: int = 0, command_line: CommandLine | None = None) -> dict | None:
+           adopt_skills: int = 0, adopt_against: str = "control",
+           command_line: CommandLine | None = None) -> dict | None:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
   Across several processes (evolution/pod.py) process 0 runs the controller and returns
@@ -69,6 +70,9 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
     adopt_skills: 0 (off), or N: the root starts from the skills (of `skills_dir` and the
       seed skills) whose effect in `domain`, pooled over at least N measurements from
       earlier runs, is better beyond noise, one per binding (Controller's LoopConfig).
+    adopt_against: which of those measurements count: 'control' (measured against a
+      control branch) or 'parent' (also against the branch's parent, a run with
+      `control=False`: such an effect holds the gain of the branch's steps too).
     command_line: what the launch's command line said (launch.py), replayed for every
       branch (None: no gin file, binding or flag); not a gin knob.
 
@@ -122,6 +126,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
                             control=control, continue_steps=continue_steps,
                             continue_keeps_best=continue_keeps_best,
                             relative_health=relative_health, adopt_skills=adopt_skills,
+                            adopt_against=adopt_against,
                             harness_builder=gin_harness_builder() if backtest else None)
     try:
       if mode == "sweep":

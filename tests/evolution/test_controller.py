@@ -12,7 +12,7 @@ import time
 import pytest
 
 from evotrainer.evolution import stats
-from evotrainer.evolution.controller import Controller
+from evotrainer.evolution.controller import Controller, LoopConfig
 from evotrainer.evolution.ledger import Ledger
 from evotrainer.evolution.proposers import propose
 from evotrainer.evolution.search_space import (ChoiceKnob, DictWeightKnob, FloatKnob, IntKnob,
@@ -637,15 +637,44 @@ class BindingTrainer(ScriptedTrainer):
     return super().train(version=version, bindings=bindings, **kw)
 
 
-def _measured_skill(lib, name, intervention, effects, domain="math"):
-  """A skill whose history holds `effects` (paired diffs, half-width 0.05), one run each."""
+def _measured_skill(lib, name, intervention, effects, domain="math", against="control"):
+  """A skill whose history holds `effects` (paired diffs, half-width 0.05, measured
+  `against`), one run each."""
   lib.add(Skill(name=name, category="training stability", description="d",
                 trigger={"finding": "dead_group_ratio", "op": ">", "value": 0.5},
                 intervention=intervention, expected_outcome="e", validation_criterion="v",
                 domains={}))
   for i, e in enumerate(effects):
     lib.record_outcome(name, domain, None, version=f"v{i}.0", run=f"earlier-{i}",
-                       effect={"diff": e, "lo": e - 0.05, "hi": e + 0.05})
+                       effect={"diff": e, "lo": e - 0.05, "hi": e + 0.05,
+                               "against": against})
+
+
+@pytest.mark.parametrize("adopt_against", ["control", "parent"])
+def test_adopt_skills_counts_effects_against_the_parent_only_when_told(tmp_path,
+                                                                       adopt_against):
+  """A skill proven only against its parent (a run without controls) is not adopted by
+  default, and the run says why; `adopt_against='parent'` adopts it."""
+  trainer = BindingTrainer({})
+  c, ledger, _ = make(tmp_path, {}, trainer=trainer, generations=0, branches=1,
+                      adopt_skills=2, adopt_against=adopt_against)
+  _measured_skill(c.skills, "rloo-uncontrolled", {"binding": "Harness.estimator",
+                                                  "kind": "set", "value": "rloo"},
+                  [0.1, 0.1], against="parent")
+  said = []
+  c.progress.say = said.append
+  c.run()
+  adopted = ledger.get_meta("controller/adopted")["skills"]
+  if adopt_against == "parent":
+    assert adopted == ["rloo-uncontrolled"] and trainer.bindings["v0"]
+  else:
+    assert adopted == [] and trainer.bindings["v0"] == []
+    assert any("none is proven against a control" in line for line in said)
+
+
+def test_adopt_against_must_name_what_a_measurement_was_against():
+  with pytest.raises(ValueError, match="adopt_against='sibling'"):
+    LoopConfig(adopt_against="sibling")
 
 
 @pytest.mark.parametrize("adopt", [0, 2])

@@ -447,6 +447,11 @@ def test_the_committed_skills_pool_loads_and_names_its_runs():
   assert outcomes and all(h["run"] and h["version"] for h in outcomes)
 
 
+def _c(diff, half=0.196):
+  """An effect measured against a control branch."""
+  return {**_m(diff, half), "against": "control"}
+
+
 def test_proven_needs_a_pooled_effect_beyond_noise_in_the_domain(tmp_path):
   """Hand-worked: one measurement has se 0.1 (half-width 0.196); two pooled have se
   0.1 / sqrt(2), half-width 0.139."""
@@ -455,14 +460,35 @@ def test_proven_needs_a_pooled_effect_beyond_noise_in_the_domain(tmp_path):
     lib.add(skill(name, intervention={"binding": "Learner.clip_high", "kind": "revert"}
                   if name == "reverts" else None))
   for run in ("a", "b"):
-    lib.record_outcome("two-runs", "code", None, version="v1", run=run, effect=_m(0.15))
-    lib.record_outcome("other-domain", "math", None, version="v1", run=run, effect=_m(0.15))
-    lib.record_outcome("inside-noise", "code", None, version="v1", run=run, effect=_m(0.05))
-    lib.record_outcome("reverts", "code", True, version="v1", run=run, effect=_m(0.3))
-  lib.record_outcome("one-big", "code", True, version="v1", run="a", effect=_m(0.3))
+    lib.record_outcome("two-runs", "code", None, version="v1", run=run, effect=_c(0.15))
+    lib.record_outcome("other-domain", "math", None, version="v1", run=run, effect=_c(0.15))
+    lib.record_outcome("inside-noise", "code", None, version="v1", run=run, effect=_c(0.05))
+    lib.record_outcome("reverts", "code", True, version="v1", run=run, effect=_c(0.3))
+  lib.record_outcome("one-big", "code", True, version="v1", run="a", effect=_c(0.3))
   assert lib.get("two-runs").effect_in("code")["lo"] == pytest.approx(0.15 - 0.1386, abs=1e-3)
   assert lib.get("two-runs").effect_in("math")["n"] == 0
   assert [s.name for s in lib.proven("code", 2)] == ["two-runs"]
   assert [s.name for s in lib.proven("code", 1)] == ["one-big", "two-runs"]  # by mean
   assert [s.name for s in lib.proven("math", 2)] == ["other-domain"]
   assert lib.proven("code", 3) == []
+
+
+def test_proven_counts_effects_against_a_control_unless_told_otherwise(tmp_path):
+  """An effect measured against the parent (or recorded without `against`, from before
+  it existed) proves nothing by default: it holds the gain of the branch's steps too.
+  Pooled by hand: two measurements of 0.15 (half-width 0.196, se 0.1) have lo 0.0114; a
+  third against a control (half-width 0.1, se 0.051) adds weight 384.2 to 100 + 100: se
+  0.0414, lo 0.0689."""
+  lib = SkillLibrary(tmp_path)
+  lib.add(skill("uncontrolled"))
+  lib.record_outcome("uncontrolled", "code", None, version="v1", run="a",
+                     effect={**_m(0.15), "against": "parent"})
+  lib.record_outcome("uncontrolled", "code", None, version="v1", run="b", effect=_m(0.15))
+  assert lib.proven("code", 1) == []
+  assert lib.get("uncontrolled").effect_in("code", ("control",))["n"] == 0
+  assert [s.name for s in lib.proven("code", 2, sk.AGAINST)] == ["uncontrolled"]
+  assert lib.get("uncontrolled").effect_in("code")["lo"] == pytest.approx(0.0114, abs=1e-3)
+  lib.record_outcome("uncontrolled", "code", None, version="v1", run="c", effect=_c(0.15, 0.1))
+  assert lib.proven("code", 2) == []  # one measurement against a control
+  assert [s.name for s in lib.proven("code", 1)] == ["uncontrolled"]
+  assert lib.get("uncontrolled").effect_in("code")["lo"] == pytest.approx(0.0689, abs=1e-3)
