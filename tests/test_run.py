@@ -145,13 +145,17 @@ def test_a_sweep_without_a_file_is_an_error_before_any_ledger(tmp_path, clean_gi
   assert not (tmp_path / "ledger.sqlite").exists()
 
 
-@pytest.mark.parametrize("measured,adopt_against,adopts", [
-    ("control", "control", True), ("parent", "control", False), ("parent", "parent", True)])
+@pytest.mark.parametrize("measured,adopt_against,step_gain,adopts", [
+    ("control", "control", 0.0, True), ("parent", "control", 0.0, False),
+    ("parent", "parent", 0.0, True), ("parent", "parent", 0.07, False),
+    ("control", "control", 0.07, True)])
 def test_evolve_adopt_skills_starts_the_root_from_a_pool_of_proven_skills(
-    tmp_path, monkeypatch, clean_gin, measured, adopt_against, adopts):
+    tmp_path, monkeypatch, clean_gin, measured, adopt_against, step_gain, adopts):
   """`evolve.adopt_skills` through the mode: the root of a new run trains with the pool's
   proven skill (`evolve.skills_dir`); the ledger names it. A skill measured against its
-  parent only counts with `evolve.adopt_against = 'parent'`."""
+  parent only counts with `evolve.adopt_against = 'parent'`, less `adopt_step_gain`: two
+  effects of 0.1 (half-width 0.05) pool to lo 0.1 - 0.05 / sqrt(2) = 0.0646, below a
+  gain of 0.07; an effect against a control is never lessened."""
   from evotrainer.evolution.skills import SkillLibrary
   from tests.evolution import test_controller as tc
   pool = SkillLibrary.seeded(tmp_path / "pool", sources=[])
@@ -163,7 +167,8 @@ def test_evolve_adopt_skills_starts_the_root_from_a_pool_of_proven_skills(
   monkeypatch.setattr(space, "current_values", lambda: dict(tc.VALUES))
   evolve_mode.evolve(str(tmp_path / "run"), 0, space=space, generations=0,
                      skills_dir=str(tmp_path / "pool"), adopt_skills=2,
-                     adopt_against=adopt_against, backtest=False)
+                     adopt_against=adopt_against, adopt_step_gain=step_gain,
+                     backtest=False)
   assert trainer.bindings == {"v0": ["Harness.estimator = 'rloo'"] if adopts else []}
   with open_ledger(tmp_path / "run") as ledger:
     assert (ledger.version("v0").bindings["Harness.estimator"] == "rloo") == adopts

@@ -118,6 +118,9 @@ class LoopConfig:
     adopt_against: which measurements `adopt_skills` counts: 'control' (default: effects
       measured against a control branch only) or 'parent' (also those measured against
       the branch's parent, which hold the gain of the branch's steps too).
+    adopt_step_gain: with adopt_against='parent', taken off each effect measured against
+      the parent before pooling: what the branch's steps gain with the harness unchanged,
+      measured on fixed-harness runs of the domain (`bench/step_gain.py`); 0: nothing.
   """
   domain: str = "math"
   branches: int = 3
@@ -130,8 +133,13 @@ class LoopConfig:
   progress: bool = False
   adopt_skills: int = 0
   adopt_against: str = "control"
+  adopt_step_gain: float = 0.0
 
   def __post_init__(self):
+    gain = self.adopt_step_gain
+    if not (isinstance(gain, (int, float)) and math.isfinite(gain) and gain >= 0):
+      raise ValueError(f"adopt_step_gain={gain!r}; expected a finite gain "
+                       f">= 0 (0: none taken off)")
     if self.adopt_against not in AGAINST:
       raise ValueError(f"adopt_against={self.adopt_against!r}; expected 'control' (effects "
                        f"measured against a control only) or 'parent' (those too)")
@@ -490,7 +498,7 @@ class Controller:
       return []
     domain, n = self.config.domain, self.config.adopt_skills
     counted = ("control",) if self.config.adopt_against == "control" else AGAINST
-    proven = self.skills.proven(domain, n, counted)
+    proven = self.skills.proven(domain, n, counted, self.config.adopt_step_gain)
     if not proven and self.skills.proven(domain, n, AGAINST):
       self.progress.say("adopting no skill: none is proven against a control; some are "
                         "against their parent only (evolve.adopt_against = 'parent' "

@@ -302,11 +302,13 @@ class Skill:
     size one by one can show it together."""
     return self.effect_in(None)
 
-  def effect_in(self, domain: Optional[str], against: Sequence[str] = AGAINST) -> dict:
+  def effect_in(self, domain: Optional[str], against: Sequence[str] = AGAINST,
+                step_gain: float = 0.0) -> dict:
     """`effect`, pooled over the measurements made in `domain` only (None: every one)
-    and measured against one of `against` (`against_of`)."""
-    return pooled_effect([h["effect"] for h in self.history if h.get("effect")
-                          and (domain is None or h.get("domain") == domain)
+    and measured against one of `against` (`against_of`), each measured against the
+    parent less `step_gain` (what the branch's steps gain unchanged)."""
+    return pooled_effect([_net(h["effect"], step_gain) for h in self.history
+                          if h.get("effect") and (domain is None or h.get("domain") == domain)
                           and against_of(h["effect"]) in against])
 
   @property
@@ -449,6 +451,13 @@ def against_of(effect: Mapping) -> str:
   return effect.get("against", "parent")
 
 
+def _net(effect: Mapping, step_gain: float) -> Mapping:
+  """`effect` less `step_gain` when it was measured against the parent."""
+  if not step_gain or against_of(effect) != "parent":
+    return effect
+  return {k: effect[k] - step_gain for k in ("diff", "lo", "hi")}
+
+
 def _valid_effect(effect: Any) -> bool:
   if effect is None:
     return True
@@ -558,16 +567,18 @@ class SkillLibrary:
         ranked.append((-s.evidence, -mean, -severity, s.name, s))
     return [r[-1] for r in sorted(ranked, key=lambda r: r[:4])]
 
-  def proven(self, domain: str, min_n: int, against: Sequence[str] = ("control",)) -> list:
+  def proven(self, domain: str, min_n: int, against: Sequence[str] = ("control",),
+             step_gain: float = 0.0) -> list:
     """Skills whose effect in `domain`, pooled over at least `min_n` measurements made
     against one of `against`, is better beyond noise (its interval above 0), largest
     pooled mean first; 'revert' skills are left out (they need a lineage). Read by
     `evolve.adopt_skills`, which applies them to a new run's root whatever its findings:
     by default only effects measured against a control count, since one against the
-    parent also holds what the branch's steps gain unchanged."""
+    parent also holds what the branch's steps gain unchanged (`step_gain`, taken off
+    each such effect when they count)."""
     ranked = []
     for s in self._skills.values():
-      e = s.effect_in(domain, against)
+      e = s.effect_in(domain, against, step_gain)
       if e["n"] >= max(1, min_n) and e["lo"] > 0 and s.intervention["kind"] != "revert":
         ranked.append((-e["mean"], s.name, s))
     return [r[-1] for r in sorted(ranked, key=lambda r: r[:2])]

@@ -24,7 +24,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            diagnostics: list | None = None, continue_steps: int = 0,
            continue_keeps_best: bool = False, relative_health: bool = False,
            adopt_skills: int = 0, adopt_against: str = "control",
-           command_line: CommandLine | None = None) -> dict | None:
+           adopt_step_gain: float = 0.0, command_line: CommandLine | None = None) -> dict | None:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
   Across several processes (evolution/pod.py) process 0 runs the controller and returns
@@ -73,6 +73,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
     adopt_against: which of those measurements count: 'control' (measured against a
       control branch) or 'parent' (also against the branch's parent, a run with
       `control=False`: such an effect holds the gain of the branch's steps too).
+    adopt_step_gain: taken off each effect measured against the parent before pooling:
+      what the steps gain unchanged, from fixed-harness runs (`bench/step_gain.py`).
     command_line: what the launch's command line said (launch.py), replayed for every
       branch (None: no gin file, binding or flag); not a gin knob.
 
@@ -127,6 +129,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
                             continue_keeps_best=continue_keeps_best,
                             relative_health=relative_health, adopt_skills=adopt_skills,
                             adopt_against=adopt_against,
+                            adopt_step_gain=adopt_step_gain,
                             harness_builder=gin_harness_builder() if backtest else None)
     try:
       if mode == "sweep":

@@ -675,6 +675,9 @@ def test_adopt_skills_counts_effects_against_the_parent_only_when_told(tmp_path,
 def test_adopt_against_must_name_what_a_measurement_was_against():
   with pytest.raises(ValueError, match="adopt_against='sibling'"):
     LoopConfig(adopt_against="sibling")
+  for gain in (-0.01, float("nan"), "0.02"):
+    with pytest.raises(ValueError, match="adopt_step_gain="):
+      LoopConfig(adopt_step_gain=gain)
 
 
 @pytest.mark.parametrize("adopt", [0, 2])

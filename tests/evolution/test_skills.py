@@ -488,7 +488,16 @@ def test_proven_counts_effects_against_a_control_unless_told_otherwise(tmp_path)
   assert lib.get("uncontrolled").effect_in("code", ("control",))["n"] == 0
   assert [s.name for s in lib.proven("code", 2, sk.AGAINST)] == ["uncontrolled"]
   assert lib.get("uncontrolled").effect_in("code")["lo"] == pytest.approx(0.0114, abs=1e-3)
+  # Less a step gain of 0.02 each effect against the parent: 0.13, 0.13 with se 0.1 pool
+  # to lo 0.13 - 0.1386 < 0; less nothing, lo 0.0114 (above).
+  assert lib.proven("code", 2, sk.AGAINST, step_gain=0.02) == []
+  assert lib.get("uncontrolled").effect_in("code", sk.AGAINST, 0.02)["mean"] == \
+      pytest.approx(0.13)
   lib.record_outcome("uncontrolled", "code", None, version="v1", run="c", effect=_c(0.15, 0.1))
   assert lib.proven("code", 2) == []  # one measurement against a control
   assert [s.name for s in lib.proven("code", 1)] == ["uncontrolled"]
   assert lib.get("uncontrolled").effect_in("code")["lo"] == pytest.approx(0.0689, abs=1e-3)
+  # The gain is taken off the two effects against the parent only: (100 * 0.13 * 2 +
+  # 384.2 * 0.15) / 584.2 = 0.1432.
+  assert lib.get("uncontrolled").effect_in("code", sk.AGAINST, 0.02)["mean"] == \
+      pytest.approx(0.1432, abs=1e-3)
