@@ -492,14 +492,16 @@ class Controller:
     return values
 
   def _proven(self) -> list:
-    """The skills `_adopt` applies (LoopConfig.adopt_skills, adopt_against); says when
-    the pool holds none proven against a control but some against their parent."""
+    """The skills `_adopt` applies (LoopConfig.adopt_skills, adopt_against,
+    adopt_step_gain); says when the pool holds none proven against a control but some
+    against their parent."""
     if self.skills is None:
       return []
     domain, n = self.config.domain, self.config.adopt_skills
-    counted = ("control",) if self.config.adopt_against == "control" else AGAINST
-    proven = self.skills.proven(domain, n, counted, self.config.adopt_step_gain)
-    if not proven and self.skills.proven(domain, n, AGAINST):
+    controlled = self.config.adopt_against == "control"
+    proven = self.skills.proven(domain, n, ("control",) if controlled else AGAINST,
+                                self.config.adopt_step_gain)
+    if not proven and controlled and self.skills.proven(domain, n, AGAINST):
       self.progress.say("adopting no skill: none is proven against a control; some are "
                         "against their parent only (evolve.adopt_against = 'parent' "
                         "counts those)")

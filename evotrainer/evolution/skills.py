@@ -262,9 +262,8 @@ class Skill:
   `effect` is the branch's measured paired effect {diff, lo, hi} on the validation
   split, with `against` ('control' or 'parent'; one recorded without it counts as
   'parent'): an effect against the parent also holds what the branch's steps would have
-  gained unchanged. `success` is
-  None for a measurement that decided nothing beyond noise (a keep inside the noise),
-  which adds to `effect` and to no count.
+  gained unchanged. `success` is None for a measurement that decided nothing beyond
+  noise (a keep inside the noise), which adds to `effect` and to no count.
   """
 
   name: str

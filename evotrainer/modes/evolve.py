@@ -24,7 +24,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            diagnostics: list | None = None, continue_steps: int = 0,
            continue_keeps_best: bool = False, relative_health: bool = False,
            adopt_skills: int = 0, adopt_against: str = "control",
-           adopt_step_gain: float = 0.0, command_line: CommandLine | None = None) -> dict | None:
+           adopt_step_gain: float = 0.0,
+           command_line: CommandLine | None = None) -> dict | None:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
   Across several processes (evolution/pod.py) process 0 runs the controller and returns
