@@ -14,7 +14,7 @@ minus that gain: the part of the credit the steps alone do not explain.
       --pool bench/results/skills_pool_code_smol --domain code \\
       --json bench/results/step_gain_code_real.json
 
-JSON keys: `window`, `from_step`, `runs` {name: [{from, to, gain}]}, `step_gain` {mean,
+JSON keys: `window`, `from_step`, `pool`, `domain`, `runs` {name: [{from, to, gain}]}, `step_gain` {mean,
 lo, hi, n_windows, n_runs} (95% interval by a bootstrap over runs), `skills` {name:
 {`against_parent` {mean, lo, hi, n}, `net_of_steps` {mean, lo, hi}, `beyond_steps`}}.
 The gain is measured under the runs' harnesses, not each branch's parent's: an estimate.
@@ -31,6 +31,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from bench.common import write_json
+from evotrainer.evolution.skills import SkillLibrary
 
 Z = 1.96
 
@@ -108,7 +109,6 @@ def net_of_steps(effect: Mapping, gain: Mapping) -> dict:
 def credit(pool: pathlib.Path, domain: str, gain: Mapping) -> dict:
   """Each skill with effects in `domain` measured against the parent: their pooled
   effect, and that effect net of the step gain."""
-  from evotrainer.evolution.skills import SkillLibrary
   out = {}
   for skill in SkillLibrary(pool):
     effect = skill.effect_in(domain, ("parent",))
@@ -129,7 +129,7 @@ def main(argv=None) -> dict:
   out = {"benchmark": "step_gain", "window": args.window, "from_step": args.from_step,
          "runs": runs, "step_gain": gain}
   if args.pool:
-    out["domain"] = args.domain
+    out["pool"], out["domain"] = args.pool, args.domain
     out["skills"] = credit(pathlib.Path(args.pool), args.domain, gain)
   write_json(args.json, out)
   return out
