@@ -145,6 +145,18 @@ def test_a_sweep_without_a_file_is_an_error_before_any_ledger(tmp_path, clean_gi
   assert not (tmp_path / "ledger.sqlite").exists()
 
 
+@pytest.mark.parametrize("knob", [{"adopt_against": "sibling"}, {"adopt_step_gain": -0.1},
+                                  {"branches": 0}, {"continue_steps": -1}])
+def test_a_bad_loop_knob_is_a_config_error_before_any_ledger(tmp_path, clean_gin, knob):
+  """The launcher prints a ConfigError in one line (`error (config): ...`)."""
+  from evotrainer.config import ConfigError
+  from tests.evolution.test_controller import space
+  (name, value), = knob.items()
+  with pytest.raises(ConfigError, match=f"evolve: .*{name}={value!r}"):
+    evolve_mode.evolve(str(tmp_path), 0, space=space(), **knob)
+  assert not (tmp_path / "ledger.sqlite").exists()
+
+
 @pytest.mark.parametrize("measured,adopt_against,step_gain,adopts", [
     ("control", "control", 0.0, True), ("parent", "control", 0.0, False),
     ("parent", "parent", 0.0, True), ("parent", "parent", 0.07, False),

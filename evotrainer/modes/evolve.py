@@ -9,9 +9,19 @@ import pathlib
 import gin
 
 from evotrainer import paths
-from evotrainer.config import CommandLine
+from evotrainer.config import CommandLine, ConfigError
 from evotrainer.modes.common import say
 from evotrainer.modes.sweep import sweep
+
+
+def loop_config(**knobs):
+  """The controller's LoopConfig from the `evolve.*` knobs, checked before anything is
+  written to the workdir: a bad value is a ConfigError (one line from the launcher)."""
+  from evotrainer.evolution.controller import LoopConfig
+  try:
+    return LoopConfig(**knobs)
+  except ValueError as e:
+    raise ConfigError(f"evolve: {e}") from None
 
 
 @gin.configurable(module="run", denylist=["command_line"])
@@ -91,6 +101,11 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   from evotrainer.evolution.skills import SEED_DIR, SkillLibrary
   from evotrainer.evolution.sweep import gin_harness_builder
 
+  loop = loop_config(domain=domain, branches=branches, generations=generations, seed=seed,
+                     proposer=proposer, control=control, continue_steps=continue_steps,
+                     continue_keeps_best=continue_keeps_best, progress=True,
+                     adopt_skills=adopt_skills, adopt_against=adopt_against,
+                     adopt_step_gain=adopt_step_gain)
   trainer = branch_trainer(command_line or CommandLine(), branch_steps, branch_timeout_s)
   hosts = pod.current()
   if hosts is not None and not hosts.leader:  # process 0 alone runs the controller
@@ -118,19 +133,13 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
     sources = [s for s in (resume_from and pathlib.Path(resume_from) / "skills", skills_dir)
                if s] + [SEED_DIR]
     skills = SkillLibrary.seeded(local / "skills", sources=sources)
-    controller = Controller(ledger, trainer, space, skills, workdir=local, domain=domain,
+    controller = Controller(ledger, trainer, space, skills, workdir=local, loop_config=loop,
                             validators=validators, diagnostics=diagnostics,
-                            branches=branches, generations=generations, seed=seed,
-                            values=space.current_values(), proposer=proposer,
-                            human_gated=human_gated, progress=True,
+                            values=space.current_values(), human_gated=human_gated,
                             eval_check=task_eval_check(task) if task is not None
                             else no_eval_check,
                             strict_verify=getattr(task, "strict_verify", None),
-                            control=control, continue_steps=continue_steps,
-                            continue_keeps_best=continue_keeps_best,
-                            relative_health=relative_health, adopt_skills=adopt_skills,
-                            adopt_against=adopt_against,
-                            adopt_step_gain=adopt_step_gain,
+                            relative_health=relative_health,
                             harness_builder=gin_harness_builder() if backtest else None)
     try:
       if mode == "sweep":
