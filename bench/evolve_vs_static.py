@@ -39,7 +39,9 @@ promotions, the best filter) reads the validation split only. Differences are me
 differences arm - static with a 95% interval from a two-level bootstrap (seeds with
 replacement, then test problems inside each seed).
 
-JSON keys: `split` ('test'), `seeds`, `model`, `means` {arm: test Avg@8},
+JSON keys: `split` ('test'), `seeds` (those finished), `seeds_pending` (those of `--seeds`
+not yet finished: the JSON is rewritten as each seed finishes, so an interrupted benchmark
+leaves the report of the seeds it did), `model`, `means` {arm: test Avg@8},
 `validation_means`, `lineage_steps` {arm: mean RL steps on the kept lineage},
 `diff_vs_static` (evotrainer - static at equal total steps), `diff_vs_static_equal_lineage`
 (evotrainer - static_lineage), `diff_vs_static_adopted` (evotrainer - static_adopted),
@@ -78,7 +80,7 @@ import pathlib
 import statistics
 import time
 
-from bench.common import packages, paired_interval, run_or_read
+from bench.common import packages, paired_interval, run_or_read, save_json
 from bench.evolve_arms import (ARMS, DOMAINS, FILTERS, arm_launches, base_arm, choose_filter,
                                clip_higher_is_static, evolve_arm, filter_binding, pool_runs,
                                pool_skills, static_arm)
@@ -292,15 +294,29 @@ def plot_page(arms: dict, seeds: list) -> str:
 
 def main(argv=None) -> dict:
   args = _args(argv)
-  d = DOMAINS[args.domain]
   root = pathlib.Path(args.workdir).resolve()
   root.mkdir(parents=True, exist_ok=True)
   bench, t0 = Bench(args, root), time.time()
   selection = bench.select_filter() if "best_static_filter" in args.arms else None
-  per_seed = {s: bench.seed_arms(s, selection and selection["chosen"]) for s in args.seeds}
-  arms = {a: {s: per_seed[s][a] for s in args.seeds} for a in args.arms}
-  seeds = args.seeds
-  out = {"benchmark": "evolve_vs_static", "split": "test", "seeds": seeds, "model": d.model,
+  per_seed: dict = {}
+  for s in args.seeds:  # the JSON is rewritten as each seed finishes
+    per_seed[s] = bench.seed_arms(s, selection and selection["chosen"])
+    out, arms = report(args, bench, per_seed, selection, time.time() - t0)
+    if args.json:
+      _write(args.json, out, arms)
+  _print_table(arms, out["seeds"], out["means"])
+  print(json.dumps(out, indent=2))
+  return out
+
+
+def report(args, bench: Bench, per_seed: dict, selection, wall_s: float) -> tuple:
+  """(the JSON, {arm: {seed: figures}}) over the seeds finished so far (`per_seed`);
+  `seeds_pending` lists the ones of `--seeds` still to run."""
+  seeds = list(per_seed)
+  arms = {a: {s: per_seed[s][a] for s in seeds} for a in args.arms}
+  d = DOMAINS[args.domain]
+  out = {"benchmark": "evolve_vs_static", "split": "test", "seeds": seeds,
+         "seeds_pending": [s for s in args.seeds if s not in per_seed], "model": d.model,
          "config": {"domain": args.domain, "generations": args.generations,
                     "branches": args.branches, "branch_steps": args.branch_steps,
                     "continue_steps": args.continue_steps, "control": args.control,
@@ -315,14 +331,18 @@ def main(argv=None) -> dict:
          **summarize(arms, seeds), "best_static_filter_selection": selection,
          "arms": {a: {str(s): {k: v for k, v in arms[a][s].items() if k != "per_problem"}
                       for s in seeds} for a in arms},
-         "packages": packages(d.packages), "wall_s": round(time.time() - t0, 1)}
-  _print_table(arms, seeds, out["means"])
-  text = json.dumps(out, indent=2)
-  if args.json:
-    pathlib.Path(args.json).write_text(text + "\n")
-    pathlib.Path(args.json).with_suffix(".html").write_text(plot_page(arms, seeds))
-  print(text)
-  return out
+         "packages": packages(d.packages), "wall_s": round(wall_s, 1)}
+  return out, arms
+
+
+def _write(path: str, out: dict, arms: dict) -> None:
+  """`out` to `path` and its curves beside it (`.html`), each written whole, so an
+  interrupted benchmark leaves the report of the seeds it finished."""
+  save_json(path, out)
+  page = pathlib.Path(path).with_suffix(".html")
+  tmp = page.with_name(page.name + ".tmp")
+  tmp.write_text(plot_page(arms, out["seeds"]))
+  tmp.replace(page)
 
 
 def _print_table(arms: dict, seeds: list, means: dict) -> None:

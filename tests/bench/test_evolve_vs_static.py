@@ -364,6 +364,40 @@ def test_the_arms_resume_and_accumulate(tmp_path, monkeypatch):
     evolve_vs_static.main([*argv, "--gin_bindings", "EvalConfig.k = 4"])
 
 
+def test_an_interrupted_benchmark_leaves_the_report_of_its_finished_seeds(tmp_path,
+                                                                        monkeypatch):
+  """A run that fails on the second seed: the JSON (and its page) hold the first seed's
+  figures, the second is pending; rerun, the finished runs are read back, the failed one
+  alone is relaunched, and the JSON is the two seeds' with nothing pending."""
+  from bench import evolve_vs_static
+  calls: list = []
+  fake = _fake_launch(calls)
+
+  def failing(gin_files, bindings, wd, log):
+    if wd.name == "static-s1":
+      raise RuntimeError("run failed: see its log")
+    return fake(gin_files, bindings, wd, log)
+  monkeypatch.setattr(bench_common, "launch_run", failing)
+  argv = ["--domain", "code_smol", "--seeds", "0,1", "--arms", "static,evotrainer",
+          "--workdir", str(tmp_path / "w"), "--json", str(tmp_path / "out.json")]
+  with pytest.raises(RuntimeError, match="run failed"):
+    evolve_vs_static.main(argv)
+  partial = json.loads((tmp_path / "out.json").read_text())
+  assert partial["seeds"] == [0] and partial["seeds_pending"] == [1]
+  assert partial["arms"]["static"].keys() == {"0"}
+  # seed 0: evotrainer 0.5, 0.5 against static p0 = 0.25 - 0.4 / 4 = 0.15, p1 0.5
+  assert partial["diff_vs_static"]["mean"] == pytest.approx((0.5 - 0.15) / 2)
+  assert (tmp_path / "out.html").read_text().count("<svg") == 1
+  monkeypatch.setattr(bench_common, "launch_run", fake)
+  calls.clear()
+  out = evolve_vs_static.main(argv)
+  assert [c[2] for c in calls] == ["static-s1"]  # evotrainer-s1 had finished
+  done = json.loads((tmp_path / "out.json").read_text())
+  assert done["seeds"] == [0, 1] and done["seeds_pending"] == []
+  assert done["means"] == out["means"] and done["diff_vs_static"] == out["diff_vs_static"]
+  assert (tmp_path / "out.html").read_text().count("<svg") == 2
+
+
 def test_a_subset_of_arms_leaves_the_others_null(tmp_path, monkeypatch):
   """--arms static_lineage brings the evotrainer arm it needs (and static); the arms not
   run have null means and differences, and no selection runs."""
