@@ -67,25 +67,15 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   if mode not in MODES:
     raise ValueError(f"run.mode={mode!r}; expected one of {MODES}")
   if mode in ("evolve", "sweep"):  # the controller itself never touches JAX
-    start = time.time()
-    summary = evolve(workdir, seed, mode=mode, task=task, command_line=command_line)
-    if summary is None:  # another process than 0 of a multi-process evolution
-      return {}
-    # The controller's wall time counts every invocation of a resumed run; this one's is
-    # the fallback.
-    summary.setdefault("wall_s", round(time.time() - start, 2))
-    write_summary(workdir, summary)
-    return summary
+    return _run_evolution(workdir, seed, mode, task, command_line)
   if mode == "ledger":
     return print_ledger(workdir)
   import jax  # after flags: XLA_FLAGS set by the user apply
 
   from evotrainer import config as config_lib
-  from evotrainer.model.source import policy
   from evotrainer.sampling import SamplingParams
   from evotrainer.sharding.mesh import make_mesh
-  from evotrainer.sharding.multihost import check_agree, is_multiprocess, is_primary
-  from evotrainer.sharding.rules import LEARNER_RULES
+  from evotrainer.sharding.multihost import is_primary
   from evotrainer.tokenizers import SentencePieceTokenizer
 
   start = time.time()
@@ -97,22 +87,9 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   # The tokenizer's text does not depend on the run seed: every run and every branch of
   # an evolution must share one vocabulary, or a parent's weights would mean nothing.
   train_problems = task.train_problems(tokenizer_texts, 0)
-  texts = [task.format_prompt(p) + " " + p.solution for p in train_problems]
-  model, tok = policy(texts, mesh, LEARNER_RULES)
-  if hasattr(task, "use_tokenizer"):  # a multi-turn task renders in the tokenizer's layout
-    task.use_tokenizer(tok)
+  model, tok = _policy(task, train_problems, mesh, workdir,
+                       check_built=mode in ("train", "branch"))
   c = model.config
-  if is_multiprocess():  # each host trained or read its tokenizer: one vocabulary for all
-    from evotrainer.workdir import tokenizer_digest
-    check_agree({"tokenizer_sha256_prefix": int(tokenizer_digest(tok)[:12], 16)},
-                "the tokenizer")
-  if mode in ("train", "branch") and is_primary():
-    from evotrainer.workdir import check_built, tokenizer_digest
-    # Weights mean nothing under another vocabulary or model: refused (workdir.py).
-    # Precision and remat may change on a resume (a restore casts); the shape may not.
-    check_built(workdir, tokenizer=tokenizer_digest(tok),
-                model={k: v for k, v in c.__dict__.items()
-                       if k not in ("param_dtype", "dtype", "remat")})
   scratch = isinstance(tok, SentencePieceTokenizer)
   say(f"[evotrainer] policy: {c.architecture}, {c.num_layers} layers, d={c.hidden_size}, "
       f"{c.num_params() / 1e6:.2f}M parameters, tokenizer vocab {tok.vocab_size} "
@@ -142,6 +119,44 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
     say(f"[evotrainer] wrote {workdir}/summary.json and operative_config.gin")
   task.close()
   return summary
+
+
+def _run_evolution(workdir: str, seed: int, mode: str, task, command_line) -> dict:
+  """`evolve` or `sweep` mode: the controller's summary (modes/evolve.py), written to
+  `<workdir>/summary.json` by process 0; {} on the other processes."""
+  start = time.time()
+  summary = evolve(workdir, seed, mode=mode, task=task, command_line=command_line)
+  if summary is None:  # another process than 0 of a multi-process evolution
+    return {}
+  # The controller's wall time counts every invocation of a resumed run; this one's is
+  # the fallback.
+  summary.setdefault("wall_s", round(time.time() - start, 2))
+  write_summary(workdir, summary)
+  return summary
+
+
+def _policy(task, train_problems, mesh, workdir: str, check_built: bool) -> tuple:
+  """(model, tokenizer) of the run, the tokenizer trained or read from `train_problems`'
+  text (model/source.py); every process must hold the same vocabulary, and with
+  `check_built` a workdir built for another vocabulary or model shape is refused."""
+  from evotrainer.model.source import policy
+  from evotrainer.sharding.multihost import check_agree, is_multiprocess, is_primary
+  from evotrainer.sharding.rules import LEARNER_RULES
+  from evotrainer.workdir import check_built as check_workdir, tokenizer_digest
+  texts = [task.format_prompt(p) + " " + p.solution for p in train_problems]
+  model, tok = policy(texts, mesh, LEARNER_RULES)
+  if hasattr(task, "use_tokenizer"):  # a multi-turn task renders in the tokenizer's layout
+    task.use_tokenizer(tok)
+  if is_multiprocess():  # each host trained or read its tokenizer: one vocabulary for all
+    check_agree({"tokenizer_sha256_prefix": int(tokenizer_digest(tok)[:12], 16)},
+                "the tokenizer")
+  if check_built and is_primary():
+    # Weights mean nothing under another vocabulary or model: refused (workdir.py).
+    # Precision and remat may change on a resume (a restore casts); the shape may not.
+    check_workdir(workdir, tokenizer=tokenizer_digest(tok),
+                  model={k: v for k, v in model.config.__dict__.items()
+                         if k not in ("param_dtype", "dtype", "remat")})
+  return model, tok
 
 
 def _check_task(task, tok, config, sampling, train_problems) -> None:
