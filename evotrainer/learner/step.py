@@ -237,6 +237,22 @@ def _canonical_batch(batch: TrainBatch) -> TrainBatch:
   return TrainBatch(**fields)
 
 
+def _check_knobs(learning_rate, warmup_steps, total_steps, logprob_chunk,
+                 micro_batch_size) -> None:
+  """Learner's knobs that are wrong before any step: a ValueError naming the knob."""
+  if learning_rate < 0:
+    raise ValueError(f"Learner.learning_rate must be >= 0, got {learning_rate}")
+  if warmup_steps < 0:
+    raise ValueError(f"Learner.warmup_steps must be >= 0, got {warmup_steps}")
+  if total_steps is not None and total_steps <= warmup_steps:
+    raise ValueError(f"Learner.total_steps={total_steps} must exceed "
+                     f"warmup_steps={warmup_steps} (or be None for a constant rate)")
+  if logprob_chunk is not None and logprob_chunk < 1:
+    raise ValueError(f"Learner.logprob_chunk must be >= 1 or None, got {logprob_chunk}")
+  if micro_batch_size is not None and micro_batch_size < 1:
+    raise ValueError(f"Learner.micro_batch_size must be >= 1 or None, got {micro_batch_size}")
+
+
 @gin.configurable(module="learner")
 class Learner:
   """Optimizer, schedule and the compiled step for one policy model.
@@ -319,17 +335,7 @@ class Learner:
       kl_kind: Any = "k3",
       entropy_coef: float = 0.0,
   ):
-    if learning_rate < 0:
-      raise ValueError(f"Learner.learning_rate must be >= 0, got {learning_rate}")
-    if warmup_steps < 0:
-      raise ValueError(f"Learner.warmup_steps must be >= 0, got {warmup_steps}")
-    if total_steps is not None and total_steps <= warmup_steps:
-      raise ValueError(f"Learner.total_steps={total_steps} must exceed "
-                       f"warmup_steps={warmup_steps} (or be None for a constant rate)")
-    if logprob_chunk is not None and logprob_chunk < 1:
-      raise ValueError(f"Learner.logprob_chunk must be >= 1 or None, got {logprob_chunk}")
-    if micro_batch_size is not None and micro_batch_size < 1:
-      raise ValueError(f"Learner.micro_batch_size must be >= 1 or None, got {micro_batch_size}")
+    _check_knobs(learning_rate, warmup_steps, total_steps, logprob_chunk, micro_batch_size)
     self.graphdef, params = nnx.split(model)
     abstract_params = jax.eval_shape(lambda s: s, params)  # keep no reference to the values
     del params
@@ -354,24 +360,26 @@ class Learner:
     parts.append(optax.adamw(self.schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
     self.tx = optax.chain(*parts)
 
-    abstract_opt = jax.eval_shape(self.tx.init, abstract_train)
-    if mesh is None:
-      self.state_shardings = None
-      self.param_shardings = None
-    else:
-      replicated = NamedSharding(mesh, PartitionSpec())
-      self.param_shardings = state_shardings(abstract_params, mesh, self.rules)
-      self.state_shardings = TrainState(
-          step=replicated, params=self.param_shardings,
-          opt_state=opt_state_shardings(self.tx, abstract_opt,
-                                        self.trainable.split(self.param_shardings)[0], mesh))
-
+    self.param_shardings, self.state_shardings = self._shardings(abstract_params,
+                                                                 abstract_train)
     out_sh = None if mesh is None else (self.state_shardings, NamedSharding(mesh, PartitionSpec()))
     jit_kw = {} if mesh is None else dict(out_shardings=out_sh)
     self._step_fn = jax.jit(self._step, donate_argnums=(0,), **jit_kw)
     self._logprobs_fn = jax.jit(self._logprobs)
     self._init_fn = jax.jit(self._init, **({} if mesh is None else
                                            dict(out_shardings=self.state_shardings)))
+
+  def _shardings(self, abstract_params, abstract_train) -> tuple:
+    """(params, TrainState) shardings under the learner rules; (None, None) without a
+    mesh. The Adam moments follow their parameters' layout."""
+    if self.mesh is None:
+      return None, None
+    params = state_shardings(abstract_params, self.mesh, self.rules)
+    abstract_opt = jax.eval_shape(self.tx.init, abstract_train)
+    opt = opt_state_shardings(self.tx, abstract_opt, self.trainable.split(params)[0],
+                              self.mesh)
+    return params, TrainState(step=NamedSharding(self.mesh, PartitionSpec()), params=params,
+                              opt_state=opt)
 
   # ---- state and hyper-parameters -------------------------------------------------
 
