@@ -120,12 +120,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   space.check_bindings_exist()
   if mode == "sweep":  # checked before the ledger is opened: a bad file writes nothing
     from evotrainer.evolution import sweep as sweep_lib
-    cfg = sweep()
-    if not cfg["file"]:
-      raise sweep_lib.SweepError("run.mode='sweep' needs a sweep file: --sweep_file=PATH "
-                                 "or sweep.file")
-    variants = sweep_lib.load_sweep(cfg["file"])
-    sweep_lib.check_variants(variants, space, space.current_values())
+    cfg, variants = checked_sweep(space)
   if resume_from and not (paths.is_remote(workdir) and ledger_exists(workdir)):
     from evotrainer.evolution.sweep import start_from
     start_from(resume_from, local)
@@ -156,6 +151,19 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   say(f"[evotrainer] incumbent {incumbent.id if incumbent else None}; "
       f"{len(summary.get('versions', []))} versions")
   return summary
+
+
+def checked_sweep(space) -> tuple:
+  """(the `sweep.*` knobs, the sweep file's variants), each variant checked against
+  `space`: a missing or bad file is a SweepError before anything is written."""
+  from evotrainer.evolution import sweep as sweep_lib
+  cfg = sweep()
+  if not cfg["file"]:
+    raise sweep_lib.SweepError("run.mode='sweep' needs a sweep file: --sweep_file=PATH "
+                               "or sweep.file")
+  variants = sweep_lib.load_sweep(cfg["file"])
+  sweep_lib.check_variants(variants, space, space.current_values())
+  return cfg, variants
 
 
 def branch_trainer(cli: CommandLine, branch_steps: int, timeout_s: float):
