@@ -280,6 +280,50 @@ def _drop_duplicates(tasks: Sequence[records.SweTask]
   return by_split, dropped
 
 
+def _checked_kinds(system, difficulties, levels, kinds, sizes) -> list:
+  """SweDomain's knobs checked (a ValueError naming the knob); the mutation kinds it
+  synthesizes: one-token ones only without the 'hard' difficulty. `sizes`: max_tasks,
+  max_candidates, max_f2p and max_output_chars."""
+  if not isinstance(system, str) or not system.strip():
+    raise ValueError(f"SweDomain.system={system!r}: expected the system text")
+  bad = [d for d in difficulties if d not in DIFFICULTY_LEVEL]
+  if bad or not difficulties:
+    raise ValueError(f"SweDomain.difficulties={list(difficulties)}: expected a non-empty "
+                     f"subset of {tuple(DIFFICULTY_LEVEL)}")
+  if (not levels or len(set(levels)) != len(levels) or
+      any(type(v) is not int or v not in records.LEVELS for v in levels)):
+    raise ValueError(f"SweDomain.levels={list(levels)}: expected distinct levels of "
+                     f"{records.LEVELS} (0: the issue names the file, function and "
+                     f"line; 1: file and function; 2: only the failing behaviour)")
+  bad = [k for k in kinds if k not in mutate.KINDS]
+  if bad or not kinds:
+    raise ValueError(f"SweDomain.kinds={list(kinds)}: expected a subset of {mutate.KINDS}")
+  if "hard" not in difficulties:
+    kinds = [k for k in kinds if k in mutate.ONE_TOKEN]
+  if min(sizes) < 1:
+    raise ValueError("SweDomain: max_tasks, max_candidates, max_f2p and "
+                     "max_output_chars must be positive")
+  return list(kinds)
+
+
+def _check_demonstrations(demonstrations, tool_config, checkout_options) -> None:
+  """`SweDomain.demonstrations` is one of DEMONSTRATIONS that the tools and checkouts
+  allow: 'history' needs the git tool on a kept history; code edits need 'oracle'."""
+  if demonstrations not in DEMONSTRATIONS:
+    raise ValueError(f"SweDomain.demonstrations={demonstrations!r}: expected one of "
+                     f"{DEMONSTRATIONS}")
+  if demonstrations == "history" and not (
+      tool_config.git and (checkout_options or {}).get("keep_history")):
+    raise ValueError("SweDomain.demonstrations='history' reads the fix from the "
+                     "repository's history: it needs ToolConfig.git = True and "
+                     "SweDomain.checkout_options = {'keep_history': True} "
+                     "(gin/swe_leaky.gin)")
+  if demonstrations != "oracle" and tool_config.code_edits:
+    raise ValueError(f"SweDomain.demonstrations={demonstrations!r} with "
+                     "ToolConfig.code_edits: the demonstrations are then the oracle's "
+                     "whole-function edits; use 'oracle'")
+
+
 @gin.configurable(module="tasks")
 class SweDomain:
   """Repository bug-fixing episodes (see the module docstring).
@@ -349,39 +393,10 @@ class SweDomain:
                demonstrations: str = "oracle", workers: Optional[int] = None,
                suite: Optional[runner_lib.SuiteRunner] = None, system: str = SYSTEM,
                show_code: bool = False):
-    if not isinstance(system, str) or not system.strip():
-      raise ValueError(f"SweDomain.system={system!r}: expected the system text")
-    bad = [d for d in difficulties if d not in DIFFICULTY_LEVEL]
-    if bad or not difficulties:
-      raise ValueError(f"SweDomain.difficulties={list(difficulties)}: expected a non-empty "
-                       f"subset of {tuple(DIFFICULTY_LEVEL)}")
-    if (not levels or len(set(levels)) != len(levels) or
-        any(type(v) is not int or v not in records.LEVELS for v in levels)):
-      raise ValueError(f"SweDomain.levels={list(levels)}: expected distinct levels of "
-                       f"{records.LEVELS} (0: the issue names the file, function and "
-                       f"line; 1: file and function; 2: only the failing behaviour)")
-    bad = [k for k in kinds if k not in mutate.KINDS]
-    if bad or not kinds:
-      raise ValueError(f"SweDomain.kinds={list(kinds)}: expected a subset of {mutate.KINDS}")
-    if "hard" not in difficulties:
-      kinds = [k for k in kinds if k in mutate.ONE_TOKEN]
-    if min(max_tasks, max_candidates, max_f2p, max_output_chars) < 1:
-      raise ValueError("SweDomain: max_tasks, max_candidates, max_f2p and "
-                       "max_output_chars must be positive")
+    kinds = _checked_kinds(system, difficulties, levels, kinds,
+                           (max_tasks, max_candidates, max_f2p, max_output_chars))
     self.tool_config = tool_config or tools_lib.ToolConfig(max_output_chars=max_output_chars)
-    if demonstrations not in DEMONSTRATIONS:
-      raise ValueError(f"SweDomain.demonstrations={demonstrations!r}: expected one of "
-                       f"{DEMONSTRATIONS}")
-    if demonstrations == "history" and not (
-        self.tool_config.git and (checkout_options or {}).get("keep_history")):
-      raise ValueError("SweDomain.demonstrations='history' reads the fix from the "
-                       "repository's history: it needs ToolConfig.git = True and "
-                       "SweDomain.checkout_options = {'keep_history': True} "
-                       "(gin/swe_leaky.gin)")
-    if demonstrations != "oracle" and self.tool_config.code_edits:
-      raise ValueError(f"SweDomain.demonstrations={demonstrations!r} with "
-                       "ToolConfig.code_edits: the demonstrations are then the oracle's "
-                       "whole-function edits; use 'oracle'")
+    _check_demonstrations(demonstrations, self.tool_config, checkout_options)
     self.budget = budget or Budget()
     self.max_turns = self.budget.max_turns  # checked against TurnBudget.max_turns
     self.system = system
