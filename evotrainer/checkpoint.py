@@ -317,46 +317,61 @@ def _restore_core(read: Callable[[ocp.args.Composite], Any], where: str,
   missing = [n for n in names if n not in saved]
   if missing:
     raise CheckpointError(f"{where}: no item(s) {missing}; it holds {sorted(saved)}")
-
   args, casts = {}, {}
   for name in names:
     if target is None:
       args[name] = ocp.args.StandardRestore()
-      continue
-    pure = _to_pure(target[name])
-    paths = _leaf_paths(pure)
-    want = {p for p, _ in paths}
-    extra, absent = sorted(want - set(saved[name])), sorted(set(saved[name]) - want)
-    if extra or absent:
-      raise CheckpointError(f"{where}: item {name!r} does not match the target: arrays only "
-                            f"in the target {extra[:5]}, only in the checkpoint {absent[:5]}")
-    restore_leaves = []
-    for path, leaf in paths:
-      rec = saved[name][path]
-      if "value" in rec:
-        restore_leaves.append(leaf)
-        continue
-      a = _abstract(f"{name}/{path}", leaf)
-      if list(a.shape) != rec["shape"]:
-        raise CheckpointError(f"{where}: {name}/{path} has shape {tuple(rec['shape'])} in "
-                              f"the checkpoint but {a.shape} in the target")
-      if isinstance(a, jax.ShapeDtypeStruct) and str(a.dtype) != rec["dtype"]:
-        # Read what was written (so the checksum applies), then cast on device.
-        casts[(name, path)] = a.dtype
-        a = jax.ShapeDtypeStruct(a.shape, jnp.dtype(rec["dtype"]), sharding=a.sharding)
-      restore_leaves.append(a)
-    treedef = jax.tree.structure(pure)
-    args[name] = ocp.args.StandardRestore(jax.tree.unflatten(treedef, restore_leaves))
+    else:
+      args[name], casts[name] = _restore_arg(where, name, target[name], saved[name])
   args[METADATA] = ocp.args.JsonRestore()
   try:
     restored = read(ocp.args.Composite(**args))
   except Exception as e:  # TensorStore / Orbax errors on missing or damaged files
     raise CorruptCheckpointError(f"{where}: cannot read items {names}: {type(e).__name__}: "
                           f"{str(e)[:2000]}") from e
-
   trees = {name: restored[name] for name in names}
+  _verify(where, saved, trees)
+  out = {}
+  for name, tree in trees.items():
+    tree = _cast(tree, casts.get(name, {}))
+    out[name] = tree if target is None else _from_pure(target[name], tree)
+  return out, restored[METADATA] or {}
+
+
+def _restore_arg(where: str, name: str, target: Any, saved: Mapping) -> tuple:
+  """(the StandardRestore of item `name` into `target`'s shapes, {path: dtype} of the
+  arrays to cast once read): every array is read as it was written, so that its checksum
+  applies; one whose dtype the target changes is cast afterwards."""
+  pure = _to_pure(target)
+  paths = _leaf_paths(pure)
+  want = {p for p, _ in paths}
+  extra, absent = sorted(want - set(saved)), sorted(set(saved) - want)
+  if extra or absent:
+    raise CheckpointError(f"{where}: item {name!r} does not match the target: arrays only "
+                          f"in the target {extra[:5]}, only in the checkpoint {absent[:5]}")
+  leaves, casts = [], {}
+  for path, leaf in paths:
+    rec = saved[path]
+    if "value" in rec:
+      leaves.append(leaf)
+      continue
+    a = _abstract(f"{name}/{path}", leaf)
+    if list(a.shape) != rec["shape"]:
+      raise CheckpointError(f"{where}: {name}/{path} has shape {tuple(rec['shape'])} in "
+                            f"the checkpoint but {a.shape} in the target")
+    if isinstance(a, jax.ShapeDtypeStruct) and str(a.dtype) != rec["dtype"]:
+      casts[path] = a.dtype
+      a = jax.ShapeDtypeStruct(a.shape, jnp.dtype(rec["dtype"]), sharding=a.sharding)
+    leaves.append(a)
+  tree = jax.tree.unflatten(jax.tree.structure(pure), leaves)
+  return ocp.args.StandardRestore(tree), casts
+
+
+def _verify(where: str, saved: Mapping, trees: Mapping) -> None:
+  """Every array of `saved` (the integrity record's items) restored in `trees` with its
+  value or checksum and dtype: a CorruptCheckpointError names the first that is not."""
   got = _describe(trees)
-  for name in names:
+  for name in trees:
     for path, rec in saved[name].items():
       now = got[name].get(path)
       if now is None:
@@ -370,15 +385,14 @@ def _restore_core(read: Callable[[ocp.args.Composite], Any], where: str,
             f"{where}: {name}/{path} fails its checksum (saved {rec.get('checksum')} "
             f"{rec['dtype']}, read {now.get('checksum')} {now.get('dtype')}): the "
             "checkpoint's files are corrupted")
-  out = {}
-  for name in names:
-    tree = trees[name]
-    if any(n == name for n, _ in casts):
-      leaves = [leaf.astype(casts[(name, p)]) if (name, p) in casts else leaf
-                for p, leaf in _leaf_paths(tree)]
-      tree = jax.tree.unflatten(jax.tree.structure(tree), leaves)
-    out[name] = tree if target is None else _from_pure(target[name], tree)
-  return out, restored[METADATA] or {}
+
+
+def _cast(tree: Any, casts: Mapping) -> Any:
+  """`tree` with the arrays at `casts`' paths cast to their dtype, on device."""
+  if not casts:
+    return tree
+  leaves = [leaf.astype(casts[p]) if p in casts else leaf for p, leaf in _leaf_paths(tree)]
+  return jax.tree.unflatten(jax.tree.structure(tree), leaves)
 
 
 # ------------------------------------------------------------------ training checkpoints
