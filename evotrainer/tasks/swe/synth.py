@@ -245,57 +245,79 @@ def synthesize(source: Source, tree: str | pathlib.Path, suite: runner_lib.Suite
   timeout = max(10.0, 5 * base_s)
   tasks: list[SweTask] = []
   per_function: dict[tuple[str, str], int] = {}
-  rejected = stats.rejected
-  batch = suite.pool.size
   index = 0
   while (index < len(candidates) and len(tasks) < config.max_tasks and
          stats.tried < config.max_candidates):
-    jobs, meta = [], []
-    while index < len(candidates) and len(jobs) < batch and \
-        stats.tried + len(jobs) < config.max_candidates:
-      path, site = candidates[index]
-      index += 1
-      if per_function.get((path, site.function), 0) >= config.per_function:
-        continue
-      mutant = mutate.mutate(files[path], site)
-      if mutant is None:
-        rejected["no_op"] = rejected.get("no_op", 0) + 1
-        continue
-      jobs.append(({**files, path: mutant}, list(source.tests)))
-      meta.append((path, site, mutant))
-    if not jobs:
+    meta, index = _mutants(candidates, index, files, config, stats, per_function,
+                           suite.pool.size)
+    if not meta:
       continue
-    stats.tried += len(jobs)
+    stats.tried += len(meta)
+    jobs = [({**files, path: mutant}, list(source.tests)) for path, _, mutant in meta]
     for (path, site, mutant), result in zip(meta, suite.run_many(jobs, timeout)):
-      passed = result.passed()
-      f2p = sorted(stable - passed)
-      if not f2p:
-        rejected["no_failing_test"] = rejected.get("no_failing_test", 0) + 1
+      f2p = _failing(stable, result, config, stats.rejected)
+      if (f2p is None or len(tasks) >= config.max_tasks or
+          per_function.get((path, site.function), 0) >= config.per_function):
         continue
-      if len(f2p) > config.max_f2p:
-        rejected["too_many_failing"] = rejected.get("too_many_failing", 0) + 1
-        continue
-      if len(tasks) >= config.max_tasks or \
-          per_function.get((path, site.function), 0) >= config.per_function:
-        continue
-      try:
-        search, replace, line = fix_edit(files[path], mutant)
-      except SynthesisError:
-        rejected["no_unique_edit"] = rejected.get("no_unique_edit", 0) + 1
-        continue
-      digest = hashlib.sha1(f"{source.repo}|{path}|{search}|{replace}".encode()).hexdigest()
-      instance_id = f"{source.name}-{source.version}-{digest[:10]}"
-      mutation = Mutation(path, site.function, site.kind, line, search, replace)
-      difficulty = _difficulty(site.kind, instance_id)
-      task = SweTask(instance_id, source.repo, "", problem_statement(
-          source, f2p, result.messages, mutation, difficulty, config.listed_failures),
-          tuple(f2p), tuple(sorted(stable - set(f2p))), source.version, difficulty, "",
-          mutation)
-      tasks.append(task)
-      per_function[(path, site.function)] = per_function.get((path, site.function), 0) + 1
+      task = _task(source, files[path], path, site, mutant, f2p, stable, result.messages,
+                   config, stats.rejected)
+      if task is not None:
+        tasks.append(task)
+        per_function[(path, site.function)] = per_function.get((path, site.function), 0) + 1
   stats.kept = len(tasks)
   stats.build_s = time.monotonic() - start
   return tasks, stats
+
+
+def _mutants(candidates: list, index: int, files: dict, config: SynthConfig,
+             stats: SynthStats, per_function: dict, batch: int) -> tuple[list, int]:
+  """([(path, site, mutant)], the next index): up to `batch` mutants from `candidates`
+  from `index` on, within max_candidates, skipping functions already at per_function and
+  sites whose mutation changes nothing (counted `no_op`)."""
+  meta = []
+  while (index < len(candidates) and len(meta) < batch and
+         stats.tried + len(meta) < config.max_candidates):
+    path, site = candidates[index]
+    index += 1
+    if per_function.get((path, site.function), 0) >= config.per_function:
+      continue
+    mutant = mutate.mutate(files[path], site)
+    if mutant is None:
+      stats.rejected["no_op"] = stats.rejected.get("no_op", 0) + 1
+      continue
+    meta.append((path, site, mutant))
+  return meta, index
+
+
+def _failing(stable: set, result, config: SynthConfig, rejected: dict) -> list | None:
+  """The stable tests a mutant fails (sorted), or None when none fails or more than
+  max_f2p do (each counted in `rejected`)."""
+  f2p = sorted(stable - result.passed())
+  reason = ("no_failing_test" if not f2p else
+            "too_many_failing" if len(f2p) > config.max_f2p else None)
+  if reason:
+    rejected[reason] = rejected.get(reason, 0) + 1
+    return None
+  return f2p
+
+
+def _task(source: Source, text: str, path: str, site, mutant: str, f2p: list, stable: set,
+          messages, config: SynthConfig, rejected: dict) -> SweTask | None:
+  """The task of one mutant of `path` (pristine `text`) that fails `f2p`; None when its
+  fix is no unique edit (counted `no_unique_edit`)."""
+  try:
+    search, replace, line = fix_edit(text, mutant)
+  except SynthesisError:
+    rejected["no_unique_edit"] = rejected.get("no_unique_edit", 0) + 1
+    return None
+  digest = hashlib.sha1(f"{source.repo}|{path}|{search}|{replace}".encode()).hexdigest()
+  instance_id = f"{source.name}-{source.version}-{digest[:10]}"
+  mutation = Mutation(path, site.function, site.kind, line, search, replace)
+  difficulty = _difficulty(site.kind, instance_id)
+  return SweTask(instance_id, source.repo, "", problem_statement(
+      source, f2p, messages, mutation, difficulty, config.listed_failures),
+      tuple(f2p), tuple(sorted(stable - set(f2p))), source.version, difficulty, "",
+      mutation)
 
 
 def with_base(task: SweTask, tree: str | pathlib.Path, scratch: str | pathlib.Path) -> SweTask:
