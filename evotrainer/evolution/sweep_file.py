@@ -96,6 +96,34 @@ def parse_sweep(text: str, where: str = "<sweep>") -> list:
   unparseable value, a grid line that is no list, or a repeated name or binding.
   """
   import gin
+  sections = _sections(text, where)
+  variants = []
+  for kind, name, n, bindings in sections:
+    parsed = {}
+    for b, (value, ln) in bindings.items():
+      try:
+        parsed[b] = normalize(gin.config.parse_value(value))
+      except (ValueError, SyntaxError) as e:
+        raise SweepError(f"{where}:{ln}: [{kind} {name}] {b}: cannot parse {value!r}: "
+                         f"{str(e).splitlines()[0]}") from None
+    if kind == "variant":
+      variants.append(Variant(name, parsed, f"{where}:{n}"))
+    else:
+      variants += expand_grid(name, parsed, f"{where}:{n}")
+  names = [v.name for v in variants]
+  dup = sorted({x for x in names if names.count(x) > 1})
+  if dup:
+    raise SweepError(f"{where}: variant names repeated: {dup}")
+  if not variants:
+    raise SweepError(f"{where}: no [variant NAME] or [grid NAME] section")
+  return variants
+
+
+def _sections(text: str, where: str) -> list:
+  """[[kind, name, line, {binding: (value text, line)}]] of a sweep file's text: its
+  sections in order, each binding's value text joined over the lines of an open bracket.
+  Raises SweepError on a malformed header or line, a binding outside a section, a
+  repeated binding or an unclosed bracket."""
   sections: list = []  # [kind, name, line, {binding: (value text, line)}]
   pending: Optional[list] = None  # [binding, text, line] while a bracket is open
   lines = text.splitlines()
@@ -136,26 +164,7 @@ def parse_sweep(text: str, where: str = "<sweep>") -> list:
       pending = [binding, value, n]
     else:
       sections[-1][3][binding] = (value, n)
-  variants = []
-  for kind, name, n, bindings in sections:
-    parsed = {}
-    for b, (value, ln) in bindings.items():
-      try:
-        parsed[b] = normalize(gin.config.parse_value(value))
-      except (ValueError, SyntaxError) as e:
-        raise SweepError(f"{where}:{ln}: [{kind} {name}] {b}: cannot parse {value!r}: "
-                         f"{str(e).splitlines()[0]}") from None
-    if kind == "variant":
-      variants.append(Variant(name, parsed, f"{where}:{n}"))
-    else:
-      variants += expand_grid(name, parsed, f"{where}:{n}")
-  names = [v.name for v in variants]
-  dup = sorted({x for x in names if names.count(x) > 1})
-  if dup:
-    raise SweepError(f"{where}: variant names repeated: {dup}")
-  if not variants:
-    raise SweepError(f"{where}: no [variant NAME] or [grid NAME] section")
-  return variants
+  return sections
 
 
 def expand_grid(name: str, axes: Mapping[str, Any], source: str = "") -> list:
