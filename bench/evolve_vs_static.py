@@ -53,7 +53,8 @@ optimisation, diagnostics; bench/evolve_arms.LAYERS), `arms.<arm>.<seed>.curves`
 Avg@8 against cumulative RL steps: the kept lineage, and the evolution's other
 versions), `best_static_filter_selection` (the
 candidates' validation scores, the choice and the selection runs' steps), `steps`,
-`wall_s_per_arm` {arm: {seed: seconds}}, `arms` (per seed), `config`, `packages` (the
+`wall_s_per_arm` {arm: {seed: seconds}}, `arms` (per seed, with the test split's
+`per_problem` scores), `carried_seeds`, `config`, `packages` (the
 versions of jax, flax, optax, numpy, ... found by this process: runs on another install
 are not comparable step for step), `wall_s`. Beside `--json out.json`, `out.html` draws
 the curves, one chart per seed (`plot_page`). An arm not run has null means and
@@ -70,6 +71,11 @@ Resumable per (arm, seed): a finished run in `--workdir` (its `bench_done` marke
 back, not relaunched, so seeds accumulate over several invocations; its command is kept in
 `bench_launch.json` and a run directory that holds another command is refused. `--arms`
 runs a subset (static always runs; static_lineage and static_adopted bring evotrainer).
+A seed that the existing `--json` already holds with every arm asked for (its per-problem
+scores are kept in `arms`), written by the same configuration on the same package
+versions, is carried from it and not run (`carried_seeds`; `--no_carry` turns this off):
+seeds accumulate across machines that do not keep the workdir, as long as the JSON (and
+a `--skills_pool` directory) is kept.
 """
 
 from __future__ import annotations
@@ -80,7 +86,7 @@ import pathlib
 import statistics
 import time
 
-from bench.common import packages, paired_interval, run_or_read, save_json
+from bench.common import load_json, packages, paired_interval, run_or_read, save_json
 from bench.evolve_arms import (ARMS, DOMAINS, FILTERS, arm_launches, base_arm, choose_filter,
                                clip_higher_is_static, evolve_arm, filter_binding, pool_runs,
                                pool_skills, static_arm)
@@ -130,6 +136,9 @@ def _args(argv):
                   help=f"comma-separated subset of {','.join(ARMS)} (static always runs; "
                        f"static_lineage and static_adopted bring evotrainer)")
   ap.add_argument("--json", default=None, help="write the result here too")
+  ap.add_argument("--no_carry", dest="carry", action="store_false",
+                  help="rerun (or read back from --workdir) every seed, even one the "
+                       "existing --json already holds (carried_seeds)")
   args = ap.parse_args(argv)
   d = DOMAINS[args.domain]
   for name in ("generations", "branches", "branch_steps", "continue_steps", "control"):
@@ -298,14 +307,51 @@ def main(argv=None) -> dict:
   root.mkdir(parents=True, exist_ok=True)
   bench, t0 = Bench(args, root), time.time()
   selection = bench.select_filter() if "best_static_filter" in args.arms else None
+  carried = carried_seeds(args) if args.json and args.carry else {}
   per_seed: dict = {}
   for s in args.seeds:  # the JSON is rewritten as each seed finishes
-    per_seed[s] = bench.seed_arms(s, selection and selection["chosen"])
+    if s in carried:
+      print(f"[bench] seed {s}: every arm read from {args.json}", flush=True)
+    per_seed[s] = carried.get(s) or bench.seed_arms(s, selection and selection["chosen"])
     out, arms = report(args, bench, per_seed, selection, time.time() - t0)
+    out["carried_seeds"] = sorted(carried)
     if args.json:
       _write(args.json, out, arms)
   _print_table(arms, out["seeds"], out["means"])
   print(json.dumps(out, indent=2))
+  return out
+
+
+# What must match for a seed in an earlier --json to stand for a run of this invocation.
+CARRY_KEYS = ("domain", "generations", "branches", "branch_steps", "continue_steps",
+              "control", "extra_bindings", "evolve_bindings")
+
+
+def carried_seeds(args) -> dict:
+  """{seed: {arm: figures}} of the seeds of `--seeds` that the existing `--json` already
+  holds with every arm asked for, its per-problem scores included, written by the same
+  configuration (CARRY_KEYS) on the same package versions: a benchmark whose workdir is
+  gone (another machine) goes on from its committed JSON. `best_static_filter` carries
+  nothing (its selection runs are not in the JSON)."""
+  old = load_json(args.json)
+  if not old or "best_static_filter" in args.arms:
+    return {}
+  d = DOMAINS[args.domain]
+  now = {"domain": args.domain, "generations": args.generations, "branches": args.branches,
+         "branch_steps": args.branch_steps, "continue_steps": args.continue_steps,
+         "control": args.control, "extra_bindings": args.gin_bindings,
+         "evolve_bindings": args.evolve_gin_bindings}
+  was = {k: old.get("config", {}).get(k) for k in CARRY_KEYS}
+  if was != now or old.get("packages") != packages(d.packages):
+    print(f"[bench] {args.json} was written by another configuration or install: "
+          f"nothing carried from it", flush=True)
+    return {}
+  arms = old.get("arms", {})
+  out = {}
+  for s in args.seeds:
+    figures = {a: arms.get(a, {}).get(str(s)) for a in args.arms}
+    if all(f and "per_problem" in f for f in figures.values()):
+      out[s] = figures
   return out
 
 
@@ -329,8 +375,7 @@ def report(args, bench: Bench, per_seed: dict, selection, wall_s: float) -> tupl
                    "static_lineage": {str(s): arms["static_lineage"][s]["rl_steps"]
                                       for s in seeds} if "static_lineage" in arms else None},
          **summarize(arms, seeds), "best_static_filter_selection": selection,
-         "arms": {a: {str(s): {k: v for k, v in arms[a][s].items() if k != "per_problem"}
-                      for s in seeds} for a in arms},
+         "arms": {a: {str(s): arms[a][s] for s in seeds} for a in arms},
          "packages": packages(d.packages), "wall_s": round(wall_s, 1)}
   return out, arms
 

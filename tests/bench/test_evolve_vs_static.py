@@ -398,6 +398,36 @@ def test_an_interrupted_benchmark_leaves_the_report_of_its_finished_seeds(tmp_pa
   assert (tmp_path / "out.html").read_text().count("<svg") == 2
 
 
+def test_seeds_in_the_json_are_carried_when_the_workdir_is_gone(tmp_path, monkeypatch):
+  """Seed 0 run, then its workdir deleted (another machine): --seeds 0,1 with the same
+  --json launches seed 1 only, and the two-seed figures equal a run of both seeds at
+  once; a changed binding, or --no_carry, runs seed 0 again."""
+  import shutil
+  from bench import evolve_vs_static
+  calls: list = []
+  monkeypatch.setattr(bench_common, "launch_run", _fake_launch(calls))
+  out_json = str(tmp_path / "out.json")
+  common = ["--domain", "code_smol", "--arms", "static,evotrainer", "--json", out_json]
+  evolve_vs_static.main([*common, "--seeds", "0", "--workdir", str(tmp_path / "a")])
+  shutil.rmtree(tmp_path / "a")
+  calls.clear()
+  out = evolve_vs_static.main([*common, "--seeds", "0,1", "--workdir", str(tmp_path / "b")])
+  assert [c[2] for c in calls] == ["evotrainer-s1", "static-s1"]
+  assert out["carried_seeds"] == [0] and out["seeds"] == [0, 1]
+  both = evolve_vs_static.main(["--domain", "code_smol", "--arms", "static,evotrainer",
+                                "--seeds", "0,1", "--workdir", str(tmp_path / "c")])
+  assert out["means"] == both["means"] and out["diff_vs_static"] == both["diff_vs_static"]
+  assert (tmp_path / "out.html").read_text().count("<svg") == 2
+  calls.clear()
+  evolve_vs_static.main([*common, "--seeds", "0", "--workdir", str(tmp_path / "d"),
+                         "--gin_bindings", "EvalConfig.k = 4"])
+  assert [c[2] for c in calls] == ["evotrainer-s0", "static-s0"]
+  calls.clear()
+  evolve_vs_static.main([*common, "--seeds", "0", "--workdir", str(tmp_path / "e"),
+                         "--gin_bindings", "EvalConfig.k = 4", "--no_carry"])
+  assert [c[2] for c in calls] == ["evotrainer-s0", "static-s0"]
+
+
 def test_a_subset_of_arms_leaves_the_others_null(tmp_path, monkeypatch):
   """--arms static_lineage brings the evotrainer arm it needs (and static); the arms not
   run have null means and differences, and no selection runs."""
