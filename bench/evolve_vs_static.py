@@ -336,13 +336,9 @@ def carried_seeds(args) -> dict:
   old = load_json(args.json)
   if not old or "best_static_filter" in args.arms:
     return {}
-  d = DOMAINS[args.domain]
-  now = {"domain": args.domain, "generations": args.generations, "branches": args.branches,
-         "branch_steps": args.branch_steps, "continue_steps": args.continue_steps,
-         "control": args.control, "extra_bindings": args.gin_bindings,
-         "evolve_bindings": args.evolve_gin_bindings}
+  now = {k: v for k, v in _config(args).items() if k in CARRY_KEYS}
   was = {k: old.get("config", {}).get(k) for k in CARRY_KEYS}
-  if was != now or old.get("packages") != packages(d.packages):
+  if was != now or old.get("packages") != packages(DOMAINS[args.domain].packages):
     print(f"[bench] {args.json} was written by another configuration or install: "
           f"nothing carried from it", flush=True)
     return {}
@@ -363,14 +359,7 @@ def report(args, bench: Bench, per_seed: dict, selection, wall_s: float) -> tupl
   d = DOMAINS[args.domain]
   out = {"benchmark": "evolve_vs_static", "split": "test", "seeds": seeds,
          "seeds_pending": [s for s in args.seeds if s not in per_seed], "model": d.model,
-         "config": {"domain": args.domain, "generations": args.generations,
-                    "branches": args.branches, "branch_steps": args.branch_steps,
-                    "continue_steps": args.continue_steps, "control": args.control,
-                    "arms": args.arms, "clip_higher_is_static":
-                        clip_higher_is_static(args.domain),
-                    "filters": FILTERS, "extra_bindings": args.gin_bindings,
-                    "evolve_bindings": args.evolve_gin_bindings,
-                    "skills_pool": args.skills_pool},
+         "config": _config(args),
          "steps": {"total_per_arm": bench.launches(seeds[0])["total_steps"],
                    "static_lineage": {str(s): arms["static_lineage"][s]["rl_steps"]
                                       for s in seeds} if "static_lineage" in arms else None},
@@ -378,6 +367,16 @@ def report(args, bench: Bench, per_seed: dict, selection, wall_s: float) -> tupl
          "arms": {a: {str(s): arms[a][s] for s in seeds} for a in arms},
          "packages": packages(d.packages), "wall_s": round(wall_s, 1)}
   return out, arms
+
+
+def _config(args) -> dict:
+  """The invocation's settings, as the JSON's `config` records them."""
+  return {"domain": args.domain, "generations": args.generations, "branches": args.branches,
+          "branch_steps": args.branch_steps, "continue_steps": args.continue_steps,
+          "control": args.control, "arms": args.arms,
+          "clip_higher_is_static": clip_higher_is_static(args.domain), "filters": FILTERS,
+          "extra_bindings": args.gin_bindings, "evolve_bindings": args.evolve_gin_bindings,
+          "skills_pool": args.skills_pool}
 
 
 def _write(path: str, out: dict, arms: dict) -> None:
