@@ -86,6 +86,8 @@ import pathlib
 import statistics
 import time
 
+from evotrainer import atomic
+
 from bench.common import load_json, packages, paired_interval, run_or_read, save_json
 from bench.evolve_arms import (ARMS, DOMAINS, FILTERS, arm_launches, base_arm, choose_filter,
                                clip_higher_is_static, evolve_arm, filter_binding, pool_runs,
@@ -313,8 +315,8 @@ def main(argv=None) -> dict:
     if s in carried:
       print(f"[bench] seed {s}: every arm read from {args.json}", flush=True)
     per_seed[s] = carried.get(s) or bench.seed_arms(s, selection and selection["chosen"])
-    out, arms = report(args, bench, per_seed, selection, time.time() - t0)
-    out["carried_seeds"] = sorted(carried)
+    out, arms = report(args, bench, per_seed, selection, sorted(carried),
+                       time.time() - t0)
     if args.json:
       _write(args.json, out, arms)
   _print_table(arms, out["seeds"], out["means"])
@@ -351,14 +353,17 @@ def carried_seeds(args) -> dict:
   return out
 
 
-def report(args, bench: Bench, per_seed: dict, selection, wall_s: float) -> tuple:
+def report(args, bench: Bench, per_seed: dict, selection, carried: list,
+           wall_s: float) -> tuple:
   """(the JSON, {arm: {seed: figures}}) over the seeds finished so far (`per_seed`);
-  `seeds_pending` lists the ones of `--seeds` still to run."""
+  `seeds_pending` lists the ones of `--seeds` still to run, `carried_seeds` those read
+  from the earlier JSON."""
   seeds = list(per_seed)
   arms = {a: {s: per_seed[s][a] for s in seeds} for a in args.arms}
   d = DOMAINS[args.domain]
   out = {"benchmark": "evolve_vs_static", "split": "test", "seeds": seeds,
-         "seeds_pending": [s for s in args.seeds if s not in per_seed], "model": d.model,
+         "seeds_pending": [s for s in args.seeds if s not in per_seed],
+         "carried_seeds": carried, "model": d.model,
          "config": _config(args),
          "steps": {"total_per_arm": bench.launches(seeds[0])["total_steps"],
                    "static_lineage": {str(s): arms["static_lineage"][s]["rl_steps"]
@@ -383,10 +388,7 @@ def _write(path: str, out: dict, arms: dict) -> None:
   """`out` to `path` and its curves beside it (`.html`), each written whole, so an
   interrupted benchmark leaves the report of the seeds it finished."""
   save_json(path, out)
-  page = pathlib.Path(path).with_suffix(".html")
-  tmp = page.with_name(page.name + ".tmp")
-  tmp.write_text(plot_page(arms, out["seeds"]))
-  tmp.replace(page)
+  atomic.write_text(pathlib.Path(path).with_suffix(".html"), plot_page(arms, out["seeds"]))
 
 
 def _print_table(arms: dict, seeds: list, means: dict) -> None:
