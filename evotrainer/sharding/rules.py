@@ -1,11 +1,11 @@
 """Logical axis names used by the layers, and the tables that map them onto the mesh.
 
 Layers speak only of logical axes (`('embed', 'mlp')`); this module is the one place
-that says what those mean on the `('data', 'fsdp', 'tensor')` mesh. There are two
-tables: the learner shards parameters over `fsdp` (ZeRO-3 style: parameters and
-optimizer state are split, all-gathered per layer), while the sampler keeps parameters
-whole on each data/fsdp replica so that a decode step does no parameter all-gather,
-and splits only over `tensor`.
+that says what those mean on the `('data', 'fsdp', 'tensor')` mesh, in one table,
+`LEARNER_RULES`: the learner shards parameters over `fsdp` (ZeRO-3 style: parameters and
+optimizer state are split, all-gathered per layer). The sampler's `SAMPLER_RULES` differ
+in one entry: parameters stay whole on each data/fsdp replica (`embed` unsplit) so that
+a decode step does no parameter all-gather; they split only over `tensor`.
 """
 
 from __future__ import annotations
@@ -44,20 +44,17 @@ LEARNER_RULES: Rules = (
     ("layers", None),
 )
 
-SAMPLER_RULES: Rules = (
-    ("batch", ("data", "fsdp")),
-    ("length", None),
-    ("cache_length", None),
-    ("embed", None),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("head_dim", None),
-    ("mlp", "tensor"),
-    ("vocab", "tensor"),
-    ("embed_vocab", None),
-    ("norm", None),
-    ("layers", None),
-)
+
+def _with_axes(rules: Rules, **axes: MeshAxes) -> Rules:
+  """`rules` with the mesh axes of some logical axes replaced: `_with_axes(r, embed=None)`."""
+  unknown = set(axes) - {name for name, _ in rules}
+  if unknown:
+    raise ValueError(f"_with_axes: no rule for logical axes {sorted(unknown)}")
+  return tuple((name, axes.get(name, mesh)) for name, mesh in rules)
+
+
+# The sampler: the learner's table with parameters whole over fsdp (no gather per step).
+SAMPLER_RULES: Rules = _with_axes(LEARNER_RULES, embed=None)
 
 _ACTIVE_RULES: contextvars.ContextVar[Optional[Rules]] = contextvars.ContextVar(
     "evotrainer_rules", default=None)

@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from evotrainer.sharding.mesh import (create_model, make_mesh, opt_state_shardings,
                                       shard_batch, state_shardings)
+from evotrainer.sharding import rules
 from evotrainer.sharding.rules import LEARNER_RULES, use_rules
 from tests.sharding.multihost_worker import fixed_tokens, tiny_config
 
@@ -167,3 +168,14 @@ def test_sharded_train_step_matches_single_device(mesh, sharded):
   assert opt_diff <= TOL
   # The step did move the parameters (by ~lr per entry), so the comparison is not vacuous.
   assert _max_abs_diff(ref_new_params, ref_params) > 5e-4
+
+
+def test_sampler_rules_keep_parameters_whole_over_fsdp():
+  """The sampler's table is the learner's with `embed` unsplit, every other axis alike."""
+  learner, sampler = dict(rules.LEARNER_RULES), dict(rules.SAMPLER_RULES)
+  assert learner["embed"] == "fsdp" and sampler["embed"] is None
+  assert {k: v for k, v in sampler.items() if k != "embed"} == \
+      {k: v for k, v in learner.items() if k != "embed"}
+  assert [k for k, _ in rules.SAMPLER_RULES] == list(rules.LOGICAL_AXES)
+  with pytest.raises(ValueError, match="embedd"):
+    rules._with_axes(rules.LEARNER_RULES, embedd=None)
