@@ -6,6 +6,7 @@ learner."""
 
 import json
 import pathlib
+import re
 import types
 
 import gin
@@ -298,3 +299,30 @@ def test_branches_replay_the_whole_command_line_search_paths_included():
                       "--gin_search_paths=/my/gin", "--gin_search_paths=/more"]
   assert cmd[9:12] == ["--gin_bindings=a.b = 1", "--gin_bindings=train.steps = 7",
                        "--gin_bindings=c.d = 2"]
+
+
+@pytest.mark.parametrize("steps,timeout,message", [
+    (-1, 60, "branch_steps=-1; expected a whole number >= 0"),
+    (2.5, 60, "branch_steps=2.5; expected a whole number"),
+    (True, 60, "branch_steps=True"),
+    (3, 0, "branch_timeout_s=0; expected seconds > 0"),
+    (3, None, "branch_timeout_s=None")])
+def test_bad_branch_steps_or_timeout_is_a_config_error(steps, timeout, message):
+  from evotrainer.config import CommandLine, ConfigError
+  with pytest.raises(ConfigError, match=re.escape(f"evolve: {message}")):
+    evolve_mode.branch_trainer(CommandLine(), branch_steps=steps, timeout_s=timeout)
+
+
+@pytest.mark.parametrize("bindings,said", [
+    (("train.steps = 100",), True), (("a.b = 1\n  train.steps=5",), True),
+    (("train.steps_per_eval = 3", "x.train.steps = 2"), False), ((), False)])
+def test_a_command_line_train_steps_is_said_to_be_replaced(capsys, bindings, said):
+  from evotrainer.config import CommandLine
+  trainer = evolve_mode.branch_trainer(CommandLine(gin_bindings=bindings), branch_steps=7,
+                                       timeout_s=60)
+  out = capsys.readouterr().out
+  assert ("replaced in every branch by evolve.branch_steps = 7" in out) is said, out
+  cmd = trainer.command(version="v1.0", parent_checkpoint=None, bindings=[], seed=0,
+                        workdir="/w")
+  steps = [c for c in cmd if c.startswith("--gin_bindings=") and "train.steps" in c]
+  assert steps[-1] == "--gin_bindings=train.steps = 7"  # the branch's value comes last

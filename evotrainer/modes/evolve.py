@@ -168,9 +168,25 @@ def checked_sweep(space) -> tuple:
 
 def branch_trainer(cli: CommandLine, branch_steps: int, timeout_s: float):
   """The trainer whose child processes see the parent's command line: its gin files, gin
-  search paths, imports and flags, its bindings and then `train.steps = branch_steps`."""
+  search paths, imports and flags, its bindings and then `train.steps = branch_steps`.
+  A bad `branch_steps` or `timeout_s` is a ConfigError; a `train.steps` binding on the
+  command line, which every branch overrides, is said once."""
   from evotrainer.evolution.trainer import SubprocessTrainer
+  if isinstance(branch_steps, bool) or not isinstance(branch_steps, int) or branch_steps < 0:
+    raise ConfigError(f"evolve: branch_steps={branch_steps!r}; expected a whole number "
+                      f">= 0 (the RL steps of each branch; 0: evaluated and saved only)")
+  if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+    raise ConfigError(f"evolve: branch_timeout_s={timeout_s!r}; expected seconds > 0")
+  if any(_binds_train_steps(b) for b in cli.gin_bindings):
+    say(f"[evolve] note: the command line's train.steps is replaced in every branch by "
+        f"evolve.branch_steps = {branch_steps}")
   flags = [*cli.flags, *(f"--gin_search_paths={p}" for p in cli.gin_search_paths)]
   return SubprocessTrainer(
       list(cli.gin_files), [*cli.gin_bindings, f"train.steps = {int(branch_steps)}"],
       imports=list(cli.imports), timeout_s=timeout_s, flags=flags)
+
+
+def _binds_train_steps(binding: str) -> bool:
+  """Whether a `--gin_bindings` string sets `train.steps` (on any of its lines)."""
+  return any(line.split("=", 1)[0].strip() == "train.steps"
+             for line in binding.splitlines() if "=" in line)
