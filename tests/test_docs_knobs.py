@@ -1,0 +1,155 @@
+"""The defaults docs/gin_knobs.md states are the code's. In every table row whose binding
+cell names N knobs and whose default cell holds N values, each value that is a Python
+literal is checked against the signature of the configurable gin registers under that
+name, or, in a table whose default column names gin files (`default (math.gin /
+math_train.gin)`), against the value each of those files binds (the signature's where it
+binds none). Lists and tuples compare alike (a gin file writes a tuple default as a list).
+
+A row is read as `| `a.b`, `.c` | 1, 'x' | meaning |`: `.c` continues `a`'s configurable;
+a parenthesised remark after a name or a value is not part of it (`1500 (cap)`). Defaults
+that are not literals (`@Harness()`, `one per core`, `500 / 128`: math.gin's, then
+math_train.gin's) are not checked.
+"""
+
+import ast
+import inspect
+import pathlib
+import re
+
+import gin
+import pytest
+
+from evotrainer import registry
+
+DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "gin_knobs.md"
+NOT_LITERAL = object()
+
+
+def _top_level(text: str, sep: str) -> list:
+  """`text` split on `sep` outside brackets, quotes and backticks."""
+  parts, depth, quote, start, i = [], 0, None, 0, 0
+  while i < len(text):
+    ch = text[i]
+    if quote:
+      quote = None if ch == quote else quote
+    elif ch in "'\"`":
+      quote = ch
+    elif ch in "([{":
+      depth += 1
+    elif ch in ")]}":
+      depth -= 1
+    elif depth == 0 and text.startswith(sep, i):
+      parts.append(text[start:i])
+      start = i + len(sep)
+      i = start
+      continue
+    i += 1
+  return parts + [text[start:]]
+
+
+def _without_remarks(text: str) -> str:
+  """`text` less its parenthesised remarks at the top level (`1500 (cap)` -> `1500`)."""
+  return "".join(p for p in _top_level(text, " (")[:1]).strip()
+
+
+def _names(cell: str) -> list:
+  """Full knob names of a binding cell: `a.b`, `.c` -> ['a.b', 'a.c']."""
+  out, owner = [], None
+  for part in _top_level(cell, ","):
+    m = re.fullmatch(r"`([\w.]*)`", _without_remarks(part))
+    if not m:
+      return []
+    name = m.group(1)
+    if name.startswith("."):
+      if owner is None:
+        return []
+      name = owner + name
+    owner = name.rsplit(".", 1)[0]
+    out.append(name)
+  return out
+
+
+def _literal(item: str):
+  text = _without_remarks(item).strip("`")
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return NOT_LITERAL
+
+
+def documented_defaults() -> list:
+  """(knob, default, gin files of its table) of every checkable row, in the page's order."""
+  rows, files = [], ()
+  for line in DOC.read_text().splitlines():
+    if line.startswith("| binding |"):
+      files = tuple(f"gin/{f}" for f in re.findall(r"[\w.]+\.gin", line))
+    if not line.startswith("| `"):
+      continue
+    cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+    names, values = _names(cells[0]), [_literal(v) for v in _top_level(cells[1], ", ")]
+    if len(names) == len(values):
+      rows.extend((n, v, files) for n, v in zip(names, values) if v is not NOT_LITERAL)
+  return rows
+
+
+ROWS = documented_defaults()
+
+
+def _parameters(fn) -> dict:
+  """The parameters of a configurable: for a class registered with
+  `gin.external_configurable`, those of the class it wraps (the first in its MRO whose
+  `__init__` is not `(*args, **kwargs)`)."""
+  for c in fn.__mro__ if inspect.isclass(fn) else (fn,):
+    params = inspect.signature(c).parameters
+    if list(params) != ["args", "kwargs"]:
+      return dict(params)
+  return {}
+
+
+def _plain(value):
+  """Sequences as lists, recursively, for comparison."""
+  if isinstance(value, (list, tuple)):
+    return [_plain(v) for v in value]
+  return value
+
+
+def _code_default(knob: str):
+  owner, param = knob.rsplit(".", 1)
+  params = _parameters(gin.get_configurable(owner))
+  assert param in params, f"{knob}: {owner} has no parameter {param!r}"
+  assert params[param].default is not inspect.Parameter.empty, f"{knob}: no default"
+  return params[param].default
+
+
+def _bound_in(gin_file: str, knob: str):
+  gin.clear_config()
+  try:
+    registry.parse([gin_file], finalize=False)
+    return gin.query_parameter(knob)
+  except ValueError:  # not bound by the file
+    return _code_default(knob)
+  finally:
+    gin.clear_config()
+
+
+def test_the_page_has_checkable_rows():
+  """The parser reads the page (a format change must not turn this test into nothing)."""
+  assert len(ROWS) >= 60, len(ROWS)
+  knobs = {k: (v, f) for k, v, f in ROWS}
+  assert knobs["evolve.adopt_step_gain"] == (0.0, ())
+  assert knobs["train.checkpoint_every"] == (25, ("gin/math.gin", "gin/math_train.gin"))
+
+
+@pytest.fixture(scope="module")
+def builtins():
+  registry.register_builtins()
+
+
+@pytest.mark.parametrize("knob,default,files", ROWS, ids=[k for k, _, _ in ROWS])
+def test_documented_default_is_the_code_default(builtins, knob, default, files):
+  actual = {f: _bound_in(f, knob) for f in files} or {"code": _code_default(knob)}
+  for where, value in actual.items():
+    same_type = (type(value) is type(default) or {type(value), type(default)} <= {int, float}
+                 or {type(value), type(default)} <= {list, tuple})
+    assert same_type and _plain(value) == _plain(default), \
+        f"{knob}: documented {default!r}, {where} {value!r}"
