@@ -41,7 +41,7 @@ from evotrainer.modes.train import train_and_test
 MODES = ("train", "branch", "evolve", "sweep", "ledger", "sample")
 
 
-@gin.configurable(module="run", denylist=["command_line"])
+@gin.configurable(module="run", denylist=["command_line", "workdir"])
 def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
         num_problems: int = 16, samples_per_problem: int = 4, tokenizer_texts: int = 2000,
         warm_start: bool = True, sampling=None,

@@ -430,7 +430,7 @@ _DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "evotrainer", "tokenizers")
 KINDS = ("sentencepiece", "hf")
 
 
-@gin.configurable(module="tokenizers")
+@gin.configurable(module="tokenizers", denylist=["texts"])
 def make_tokenizer(texts: Optional[Iterable[str]] = None, kind: str = "sentencepiece",
                    hf_dir: Optional[str] = None, vocab_size: int = 1024,
                    cache_dir: str = _DEFAULT_CACHE_DIR,

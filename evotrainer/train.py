@@ -57,7 +57,8 @@ def data_seed(seed: int, step: int) -> int:
   return (seed * 1_000_003 + step) % (2**31 - 1)
 
 
-@gin.configurable(module="train")
+@gin.configurable(module="train", denylist=[
+    "workdir", "task", "model", "tokenizer", "mesh", "seed", "sampling"])
 def train(workdir: str, task, model, tokenizer, mesh=None, *, seed: int = 0,
           steps: int = 100, prompts_per_step: int = 16, group_size: int = 8,
           harness: Optional[Harness] = None, diagnostics: Optional[Sequence] = None,

@@ -42,3 +42,14 @@ def test_compilation_cache_knob(tmp_path, monkeypatch):
     assert config_lib.compilation_cache(str(tmp_path / "knob")) == str(tmp_path / "env")
   finally:
     jax.config.update("jax_compilation_cache_dir", before)
+
+
+@pytest.mark.parametrize("binding", ["train.seed = 3", "train.model = None",
+                                     "warm_start.task = None", "evolve.workdir = '/x'",
+                                     "Learner.vocab_limit = 10", "make_tokenizer.texts = []",
+                                     "MultiTurnEngine.sampler = None", "run.workdir = '/x'"])
+def test_parameters_the_code_passes_are_not_knobs(binding):
+  """Binding one would be silently overridden by the caller: it is an error instead."""
+  name, param = binding.split(" = ")[0].split(".")
+  with pytest.raises(config.ConfigError, match=f"'{name}' has denylisted kwarg '{param}'"):
+    registry.parse(["gin/math_train.gin"], [binding])

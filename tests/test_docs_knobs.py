@@ -153,3 +153,31 @@ def test_documented_default_is_the_code_default(builtins, knob, default, files):
                  or {type(value), type(default)} <= {list, tuple})
     assert same_type and _plain(value) == _plain(default), \
         f"{knob}: documented {default!r}, {where} {value!r}"
+
+
+def _registered() -> dict:
+  """{name: parameter names a gin binding may set} of every configurable the package
+  registers (gin's own `macro` and `singleton` aside)."""
+  from gin import config as gin_config
+  out = {}
+  for _, c in gin_config._REGISTRY.items():  # noqa: SLF001 (no public listing)
+    if c.name in ("macro", "singleton"):
+      continue
+    out[c.name] = [p for p, v in _parameters(c.wrapped).items()
+                   if v.kind not in (v.VAR_POSITIONAL, v.VAR_KEYWORD)
+                   and p not in (c.denylist or ())]
+  return out
+
+
+def test_every_knob_is_documented(builtins):
+  """Each parameter a binding may set is on the page: as `Name.param`, or as `.param` in
+  a table row whose binding cell names `Name.` (parameters the code always passes are
+  on each configurable's gin denylist, so a binding of them is an error, not a no-op)."""
+  text = DOC.read_text()
+  rows = [_top_level(line, " | ")[0] for line in text.splitlines() if line.startswith("| `")]
+  registered = _registered()
+  assert len(registered) > 60 and "Learner" in registered and "evolve" in registered
+  missing = [f"{name}.{p}" for name, params in registered.items() for p in params
+             if f"{name}.{p}" not in text
+             and not any(f"`{name}." in r and f"`.{p}`" in r for r in rows)]
+  assert missing == [], f"{len(missing)} knobs not in docs/gin_knobs.md: {missing}"

@@ -253,7 +253,7 @@ def _check_knobs(learning_rate, warmup_steps, total_steps, logprob_chunk,
     raise ValueError(f"Learner.micro_batch_size must be >= 1 or None, got {micro_batch_size}")
 
 
-@gin.configurable(module="learner")
+@gin.configurable(module="learner", denylist=["model", "mesh", "vocab_limit"])
 class Learner:
   """Optimizer, schedule and the compiled step for one policy model.
 

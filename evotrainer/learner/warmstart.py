@@ -374,7 +374,8 @@ def cache_key(model: Transformer, tokenizer: Tokenizer, task: Any, data: TrainBa
 # ------------------------------------------------------------------ entry point
 
 
-@gin.configurable(module="learner")
+@gin.configurable(module="learner",
+                  denylist=["model", "tokenizer", "task", "seed", "mesh"])
 def warm_start(model: Transformer, tokenizer: Tokenizer, task: Any, *, steps: int = 200,
                batch_size: int = 64, learning_rate: float = 3e-3, seed: int = 0,
                cache_dir: str = _DEFAULT_CACHE_DIR, mesh: Optional[Mesh] = None,

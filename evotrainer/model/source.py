@@ -27,7 +27,7 @@ from evotrainer.sharding.rules import LEARNER_RULES, Rules
 from evotrainer.tokenizers import HFTokenizer, Tokenizer, make_tokenizer
 
 
-@gin.configurable(module="model")
+@gin.configurable(module="model", denylist=["texts", "mesh", "rules"])
 def policy(texts: Optional[Iterable[str]] = None, mesh=None, rules: Rules = LEARNER_RULES, *,
            hf_dir: Optional[str] = None, gguf: Optional[str] = None,
            config: Optional[ModelConfig] = None,

@@ -24,7 +24,8 @@ def loop_config(**knobs):
     raise ConfigError(f"evolve: {e}") from None
 
 
-@gin.configurable(module="run", denylist=["command_line"])
+@gin.configurable(module="run",
+                  denylist=["command_line", "workdir", "seed", "mode", "task"])
 def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            branches: int = 2, branch_steps: int = 30, proposer: str = "skills",
            skills_dir: str | None = None, human_gated: bool = False,

@@ -186,7 +186,8 @@ def context_buckets(cap: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> tuple
   return tuple(b for b in buckets if b < cap) + (cap,)
 
 
-@gin.configurable(module="rollouts")
+@gin.configurable(module="rollouts",
+                  denylist=["task", "tokenizer", "sampler", "sampler_shardings"])
 class MultiTurnEngine:
   """Problems -> batched multi-turn episodes -> a scored `Generation` (module docstring).
 
