@@ -181,3 +181,15 @@ def test_every_knob_is_documented(builtins):
              if f"{name}.{p}" not in text
              and not any(f"`{name}." in r and f"`.{p}`" in r for r in rows)]
   assert missing == [], f"{len(missing)} knobs not in docs/gin_knobs.md: {missing}"
+
+
+def test_every_launch_flag_is_documented():
+  """Each flag `python -m evotrainer.launch` defines is in docs/command_line.md."""
+  from absl import flags
+
+  from evotrainer import launch
+  page = (DOC.parent / "command_line.md").read_text()
+  names = [f.name for f in flags.FLAGS.get_flags_for_module(launch.__name__)]
+  assert len(names) >= 10 and "gin_file" in names, names
+  missing = [n for n in names if f"--{n}" not in page]
+  assert missing == [], f"flags not in docs/command_line.md: {missing}"
