@@ -145,14 +145,31 @@ def builtins():
   registry.register_builtins()
 
 
-@pytest.mark.parametrize("knob,default,files", ROWS, ids=[k for k, _, _ in ROWS])
-def test_documented_default_is_the_code_default(builtins, knob, default, files):
+def _mismatch(knob: str, default, files: tuple):
+  """None when `default` is what the code (or each of `files`) gives `knob`, else why not."""
   actual = {f: _bound_in(f, knob) for f in files} or {"code": _code_default(knob)}
   for where, value in actual.items():
     same_type = (type(value) is type(default) or {type(value), type(default)} <= {int, float}
                  or {type(value), type(default)} <= {list, tuple})
-    assert same_type and _plain(value) == _plain(default), \
-        f"{knob}: documented {default!r}, {where} {value!r}"
+    if not (same_type and _plain(value) == _plain(default)):
+      return f"{knob}: documented {default!r}, {where} {value!r}"
+  return None
+
+
+def test_documented_defaults_are_the_code_defaults(builtins):
+  wrong = [m for m in (_mismatch(*row) for row in ROWS) if m]
+  assert wrong == [], "\n".join(wrong)
+
+
+def test_a_wrong_default_is_caught(builtins):
+  """The check itself: a documented value the code does not have is reported."""
+  assert _mismatch("evolve.branch_steps", 30, ()) is None
+  assert "documented 50, code 30" in _mismatch("evolve.branch_steps", 50, ())
+  assert "documented 50, gin/math.gin 25" in _mismatch("evolve.branch_steps", 50,
+                                                       ("gin/math.gin",))
+  assert _mismatch("StopReasonFilter.stops", ["malformed"], ()) is None  # tuple in the code
+  assert _mismatch("Learner.learning_rate", 1e-5, ()) is None
+  assert "documented 1" in _mismatch("Learner.learning_rate", 1, ())  # int vs float, 1 != 1e-5
 
 
 def _registered() -> dict:
