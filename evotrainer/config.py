@@ -122,13 +122,9 @@ def check_value_types() -> None:
     configurable = gin_api.find_configurable(selector)
     if configurable is None:
       continue
-    fn = configurable.wrapped
-    try:
-      sig = inspect.signature(fn.__init__ if inspect.isclass(fn) else fn)
-    except (TypeError, ValueError):
-      continue
+    signature = gin_api.parameters(configurable.wrapped)
     for name, value in params.items():
-      p = sig.parameters.get(name)
+      p = signature.get(name)
       want = None if p is None or p.default is inspect.Parameter.empty else _expected(p.default)
       if want is None or not isinstance(value, (str, int, float, bool, list, dict, tuple)):
         continue

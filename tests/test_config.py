@@ -53,3 +53,10 @@ def test_parameters_the_code_passes_are_not_knobs(binding):
   name, param = binding.split(" = ")[0].split(".")
   with pytest.raises(config.ConfigError, match=f"'{name}' has denylisted kwarg '{param}'"):
     registry.parse(["gin/math_train.gin"], [binding])
+
+
+def test_fields_of_an_external_configurable_are_type_checked_too():
+  """`ModelConfig` is registered with `gin.external_configurable` (a frozen dataclass)."""
+  with pytest.raises(config.ConfigError, match=r"ModelConfig.rms_norm_eps = 'small': "
+                     r"expected int or float"):
+    registry.parse(["gin/math_train.gin"], ["ModelConfig.rms_norm_eps = 'small'"])

@@ -19,7 +19,7 @@ import re
 import gin
 import pytest
 
-from evotrainer import registry
+from evotrainer import gin_api, registry
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "gin_knobs.md"
 NOT_LITERAL = object()
@@ -95,17 +95,6 @@ def documented_defaults() -> list:
 ROWS = documented_defaults()
 
 
-def _parameters(fn) -> dict:
-  """The parameters of a configurable: for a class registered with
-  `gin.external_configurable`, those of the class it wraps (the first in its MRO whose
-  `__init__` is not `(*args, **kwargs)`)."""
-  for c in fn.__mro__ if inspect.isclass(fn) else (fn,):
-    params = inspect.signature(c).parameters
-    if list(params) != ["args", "kwargs"]:
-      return dict(params)
-  return {}
-
-
 def _plain(value):
   """Sequences as lists, recursively, for comparison."""
   if isinstance(value, (list, tuple)):
@@ -115,7 +104,7 @@ def _plain(value):
 
 def _code_default(knob: str):
   owner, param = knob.rsplit(".", 1)
-  params = _parameters(gin.get_configurable(owner))
+  params = gin_api.parameters(gin.get_configurable(owner))
   assert param in params, f"{knob}: {owner} has no parameter {param!r}"
   assert params[param].default is not inspect.Parameter.empty, f"{knob}: no default"
   return params[param].default
@@ -175,12 +164,11 @@ def test_a_wrong_default_is_caught(builtins):
 def _registered() -> dict:
   """{name: parameter names a gin binding may set} of every configurable the package
   registers (not gin's own, nor those other tests register for themselves)."""
-  from gin import config as gin_config
   out = {}
-  for _, c in gin_config._REGISTRY.items():  # noqa: SLF001 (no public listing)
+  for c in gin_api.registered():
     if not getattr(c.wrapped, "__module__", "").startswith("evotrainer."):
       continue
-    out[c.name] = [p for p, v in _parameters(c.wrapped).items()
+    out[c.name] = [p for p, v in gin_api.parameters(c.wrapped).items()
                    if v.kind not in (v.VAR_POSITIONAL, v.VAR_KEYWORD)
                    and p not in (c.denylist or ())]
   return out

@@ -2,6 +2,7 @@
 module reads a private gin attribute."""
 
 import ast
+import inspect
 import pathlib
 
 import gin
@@ -86,3 +87,26 @@ def test_no_module_but_gin_api_reads_a_private_gin_attribute():
            for hit in _private_gin_reads(p)]
   assert found == []
   assert _private_gin_reads(REPO / "evotrainer" / "gin_api.py")  # the one that does
+
+
+class _External:
+  def __init__(self, a: int = 1, *, b: str = "x"):
+    self.a, self.b = a, b
+
+
+gin.external_configurable(_External, name="GinApiExternal", module="gin_api_test_c")
+
+
+def test_registered_lists_the_configurables_and_parameters_reads_their_signatures():
+  found = {c.selector: c for c in gin_api.registered()}
+  probe = found["gin_api_test_a.gin_api_probe"]
+  assert list(gin_api.parameters(probe.wrapped)) == ["x", "y"]
+  assert gin_api.parameters(probe.wrapped)["x"].default == 1
+  # An external configurable: gin wraps the class in a subclass whose __init__ is
+  # (*args, **kwargs); the parameters are the original class's.
+  external = found["gin_api_test_c.GinApiExternal"]
+  assert inspect.signature(gin.get_configurable("GinApiExternal")).parameters.keys() == \
+      {"args", "kwargs"}
+  params = gin_api.parameters(gin.get_configurable("GinApiExternal"))
+  assert {k: v.default for k, v in params.items()} == {"a": 1, "b": "x"}
+  assert gin_api.parameters(external.wrapped) == params
