@@ -16,7 +16,8 @@ minus that gain: the part of the credit the steps alone do not explain.
 
 JSON keys: `window`, `from_step`, `pool`, `domain`, `runs` {name: [{from, to, gain}]}, `step_gain` {mean,
 lo, hi, n_windows, n_runs} (95% interval by a bootstrap over runs), `skills` {name:
-{`against_parent` {mean, lo, hi, n}, `net_of_steps` {mean, lo, hi}, `beyond_steps`}}.
+{`against_parent` {mean, lo, hi, n}, `net_of_steps` {mean, lo, hi}, `beyond_steps`,
+`replications` {the same three without the keeps that learned the skill}}}.
 The gain is measured under the runs' harnesses, not each branch's parent's: an estimate.
 """
 
@@ -108,15 +109,22 @@ def net_of_steps(effect: Mapping, gain: Mapping) -> dict:
 
 def credit(pool: pathlib.Path, domain: str, gain: Mapping) -> dict:
   """Each skill with effects in `domain` measured against the parent: their pooled
-  effect, and that effect net of the step gain."""
+  effect and that effect net of the step gain, all of them and (`replications`) without
+  the keeps that learned the skill (`Skill.selected`: recorded because they were good)."""
   out = {}
   for skill in SkillLibrary(pool):
     effect = skill.effect_in(domain, ("parent",))
     if effect["n"]:
-      net = net_of_steps(effect, gain)
-      out[skill.name] = {"against_parent": effect, "net_of_steps": net,
-                         "beyond_steps": net["lo"] > 0}
+      out[skill.name] = _credited(effect, gain)
+      replicated = skill.effect_in(domain, ("parent",), discoveries=False)
+      out[skill.name]["replications"] = (_credited(replicated, gain) if replicated["n"]
+                                         else {"against_parent": replicated})
   return out
+
+
+def _credited(effect: Mapping, gain: Mapping) -> dict:
+  net = net_of_steps(effect, gain)
+  return {"against_parent": effect, "net_of_steps": net, "beyond_steps": net["lo"] > 0}
 
 
 def main(argv=None) -> dict:

@@ -147,7 +147,8 @@ def test_a_sweep_without_a_file_is_an_error_before_any_ledger(tmp_path, clean_gi
 
 
 @pytest.mark.parametrize("knob", [{"adopt_against": "sibling"}, {"adopt_step_gain": -0.1},
-                                  {"branches": 0}, {"continue_steps": -1}])
+                                  {"adopt_discoveries": "yes"}, {"branches": 0},
+                                  {"continue_steps": -1}])
 def test_a_bad_loop_knob_is_a_config_error_before_any_ledger(tmp_path, clean_gin, knob):
   """The launcher prints a ConfigError in one line (`error (config): ...`)."""
   from evotrainer.config import ConfigError

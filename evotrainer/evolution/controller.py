@@ -62,6 +62,7 @@ lineage as an uninterrupted run. The harness components import the records modul
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -121,6 +122,9 @@ class LoopConfig:
     adopt_step_gain: with adopt_against='parent', taken off each effect measured against
       the parent before pooling: what the branch's steps gain with the harness unchanged,
       measured on fixed-harness runs of the domain (`bench/step_gain.py`); 0: nothing.
+    adopt_discoveries: whether `adopt_skills` also counts the keeps that learned a skill
+      (`Skill.selected`: recorded because they were good, so biased upward); False
+      (default): only measurements recorded whatever their outcome count.
   """
   domain: str = "math"
   branches: int = 3
@@ -134,12 +138,16 @@ class LoopConfig:
   adopt_skills: int = 0
   adopt_against: str = "control"
   adopt_step_gain: float = 0.0
+  adopt_discoveries: bool = False
 
   def __post_init__(self):
     gain = self.adopt_step_gain
     if not (isinstance(gain, (int, float)) and math.isfinite(gain) and gain >= 0):
       raise ValueError(f"adopt_step_gain={gain!r}; expected a finite gain "
                        f">= 0 (0: none taken off)")
+    if not isinstance(self.adopt_discoveries, bool):
+      raise ValueError(f"adopt_discoveries={self.adopt_discoveries!r}; expected True or "
+                       f"False")
     if self.adopt_against not in AGAINST:
       raise ValueError(f"adopt_against={self.adopt_against!r}; expected 'control' (effects "
                        f"measured against a control only) or 'parent' (those too)")
@@ -493,19 +501,24 @@ class Controller:
 
   def _proven(self) -> list:
     """The skills `_adopt` applies (LoopConfig.adopt_skills, adopt_against,
-    adopt_step_gain); says when the pool holds none proven against a control but some
-    against their parent."""
+    adopt_step_gain, adopt_discoveries); says when the pool holds none proven so, but
+    some once the measurements against their parent or the discoveries count."""
     if self.skills is None:
       return []
-    domain, n = self.config.domain, self.config.adopt_skills
-    controlled = self.config.adopt_against == "control"
-    proven = self.skills.proven(domain, n, ("control",) if controlled else AGAINST,
-                                self.config.adopt_step_gain)
-    if not proven and controlled and self.skills.proven(domain, n, AGAINST):
+    cfg = self.config
+    against = ("control",) if cfg.adopt_against == "control" else AGAINST
+    proven = functools.partial(self.skills.proven, cfg.domain, cfg.adopt_skills)
+    chosen = proven(against, cfg.adopt_step_gain, cfg.adopt_discoveries)
+    if not chosen and against != AGAINST and proven(AGAINST, 0.0, cfg.adopt_discoveries):
       self.progress.say("adopting no skill: none is proven against a control; some are "
                         "against their parent only (evolve.adopt_against = 'parent' "
                         "counts those)")
-    return proven
+    if not chosen and not cfg.adopt_discoveries and proven(against, cfg.adopt_step_gain,
+                                                           True):
+      self.progress.say("adopting no skill: none is proven by measurements recorded "
+                        "whatever their outcome; some are once the keeps that learned them "
+                        "count (evolve.adopt_discoveries = True counts those, biased up)")
+    return chosen
 
   def _train_root(self, checkpoint: Optional[str], bindings: Sequence[str]) -> None:
     self.progress.training(ROOT, "the root" + (f" from {checkpoint}" if checkpoint else ""))

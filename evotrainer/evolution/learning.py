@@ -94,9 +94,10 @@ class SkillLearner:
            success: Optional[bool] = True, effect: Optional[dict] = None,
            **fields) -> Optional[str]:
     """Adds the learned skill (`trigger`, the change `iv`) unless the library has it, and
-    records the outcome of `vid` (a success by default), under this run's identity. One
-    skill per (trigger, change): its name is `label` made a slug plus a digest of both,
-    so the same change from the same state adds evidence, in this run or a later one.
+    records the outcome of `vid` (a success by default), under this run's identity, as
+    `selected`: only a good outcome is learned. One skill per (trigger, change): its
+    name is `label` made a slug plus a digest of both, so the same change from the same
+    state adds evidence, in this run or a later one.
     Returns the name; None when the skill language cannot express the template (e.g. a
     whole-list value)."""
     digest = hashlib.sha256(json.dumps([trigger, template_of(iv)], sort_keys=True,
@@ -107,7 +108,7 @@ class SkillLearner:
         self.skills.add(Skill(name=name, trigger=trigger, intervention=template_of(iv),
                               source="learned", **fields))
       self.skills.record_outcome(name, self.domain, success, version=vid,
-                                 run=self.ledger.run_uid, effect=effect)
+                                 run=self.ledger.run_uid, effect=effect, selected=True)
     except SkillError:
       return None
     return name

@@ -256,14 +256,16 @@ class Skill:
   """One skill (a file `<name>.json`).
 
   `domains` holds the evidence: {domain: {"successes": n, "failures": m}}; `history`
-  the outcomes that produced it ({"run", "version", "domain", "success", "effect"}):
+  the outcomes that produced it ({"run", "version", "domain", "success", "selected",
+  "effect"}):
   the run's identity (`Ledger.run_uid`) and the version name one branch across runs, so
   that recording the same outcome twice (a resumed run, a merged library) counts once.
   `effect` is the branch's measured paired effect {diff, lo, hi} on the validation
   split, with `against` ('control' or 'parent'; one recorded without it counts as
   'parent'): an effect against the parent also holds what the branch's steps would have
   gained unchanged. `success` is None for a measurement that decided nothing beyond
-  noise (a keep inside the noise), which adds to `effect` and to no count.
+  noise (a keep inside the noise), which adds to `effect` and to no count. `selected`
+  is True for an outcome recorded because it was good (`Skill.selected`).
   """
 
   name: str
@@ -302,13 +304,27 @@ class Skill:
     return self.effect_in(None)
 
   def effect_in(self, domain: Optional[str], against: Sequence[str] = AGAINST,
-                step_gain: float = 0.0) -> dict:
+                step_gain: float = 0.0, discoveries: bool = True) -> dict:
     """`effect`, pooled over the measurements made in `domain` only (None: every one)
     and measured against one of `against` (`against_of`), each measured against the
-    parent less `step_gain` (what the branch's steps gain unchanged)."""
-    return pooled_effect([_net(h["effect"], step_gain) for h in self.history
+    parent less `step_gain` (what the branch's steps gain unchanged). `discoveries`
+    False leaves out the measurements recorded because they were good (`selected`):
+    their effects are biased upward by that choice, the winner's curse."""
+    return pooled_effect([_net(h["effect"], step_gain) for i, h in enumerate(self.history)
                           if h.get("effect") and (domain is None or h.get("domain") == domain)
-                          and against_of(h["effect"]) in against])
+                          and against_of(h["effect"]) in against
+                          and (discoveries or not self.selected(i))])
+
+  def selected(self, i: int) -> bool:
+    """Whether history[i] was recorded because its outcome was good: a keep of a change
+    no skill proposed, learned (`SkillLearner`), which a rejection of the same change
+    would not have recorded; a branch the skill proposed is recorded whatever its
+    outcome. An entry from before `selected` existed counts as selected when it opens a
+    learned skill's history (the keep that learned it)."""
+    h = self.history[i]
+    if "selected" in h:
+      return bool(h["selected"])
+    return self.source == "learned" and i == 0
 
   @property
   def harmful(self) -> bool:
@@ -469,10 +485,11 @@ def _check_history(history: Any, where: str) -> None:
     raise SkillError(f"{where}: history must be a list, got {history!r}")
   for i, h in enumerate(history):
     if not (isinstance(h, Mapping) and h.get("success") in (True, False, None) and
-            _valid_effect(h.get("effect"))):
+            isinstance(h.get("selected", False), bool) and _valid_effect(h.get("effect"))):
       raise SkillError(f"{where}: history[{i}] must be {{'run', 'version', 'domain', "
-                       f"'success': true | false | null, 'effect': {{diff, lo, hi[, "
-                       f"against: {' | '.join(AGAINST)}]}}}}, got {h!r}")
+                       f"'success': true | false | null, 'selected': true | false, "
+                       f"'effect': {{diff, lo, hi[, against: {' | '.join(AGAINST)}]}}}}, "
+                       f"got {h!r}")
 
 
 def _harmful(effect: Mapping) -> bool:
@@ -567,17 +584,18 @@ class SkillLibrary:
     return [r[-1] for r in sorted(ranked, key=lambda r: r[:4])]
 
   def proven(self, domain: str, min_n: int, against: Sequence[str] = ("control",),
-             step_gain: float = 0.0) -> list:
+             step_gain: float = 0.0, discoveries: bool = False) -> list:
     """Skills whose effect in `domain`, pooled over at least `min_n` measurements made
     against one of `against`, is better beyond noise (its interval above 0), largest
     pooled mean first; 'revert' skills are left out (they need a lineage). Read by
     `evolve.adopt_skills`, which applies them to a new run's root whatever its findings:
     by default only effects measured against a control count, since one against the
     parent also holds what the branch's steps gain unchanged (`step_gain`, taken off
-    each such effect when they count)."""
+    each such effect when they count), and only measurements recorded whatever their
+    outcome (`discoveries` True counts the keeps that learned a skill too)."""
     ranked = []
     for s in self._skills.values():
-      e = s.effect_in(domain, against, step_gain)
+      e = s.effect_in(domain, against, step_gain, discoveries)
       if e["n"] >= max(1, min_n) and e["lo"] > 0 and s.intervention["kind"] != "revert":
         ranked.append((-e["mean"], s.name, s))
     return [r[-1] for r in sorted(ranked, key=lambda r: r[:2])]
@@ -597,12 +615,13 @@ class SkillLibrary:
 
   def record_outcome(self, skill: Skill | str, domain: str, success: Optional[bool],
                      version: Optional[str] = None, run: Optional[str] = None,
-                     effect: Optional[Mapping] = None) -> Skill:
+                     effect: Optional[Mapping] = None, selected: bool = False) -> Skill:
     """Records one outcome of `skill` in `domain` and rewrites its file atomically: a
     success or a failure counts one; `success=None` records only the measured `effect`
     ({diff, lo, hi}, then required). With `version`, recording the same (run, version,
     domain) again is a no-op (and with another result an error), so a resumed run does
-    not count twice; `run` is the run's identity (`Ledger.run_uid`)."""
+    not count twice; `run` is the run's identity (`Ledger.run_uid`). `selected`: the
+    outcome is recorded because it was good (`Skill.selected`)."""
     name = skill if isinstance(skill, str) else skill.name
     s = self.get(name)
     measured = _finite(effect)
@@ -610,7 +629,8 @@ class SkillLibrary:
       raise SkillError(f"skill {name}: an outcome that is neither success nor failure "
                        f"needs the measured effect")
     entry = {"run": run, "version": version, "domain": domain,
-             "success": None if success is None else bool(success)}
+             "success": None if success is None else bool(success),
+             "selected": bool(selected)}
     if measured is not None:
       entry["effect"] = measured
     if version is not None:

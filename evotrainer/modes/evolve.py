@@ -35,7 +35,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            diagnostics: list | None = None, continue_steps: int = 0,
            continue_keeps_best: bool = False, relative_health: bool = False,
            adopt_skills: int = 0, adopt_against: str = "control",
-           adopt_step_gain: float = 0.0,
+           adopt_step_gain: float = 0.0, adopt_discoveries: bool = False,
            command_line: CommandLine | None = None) -> dict | None:
   """The evolution run (gin knobs `evolve.*`), or a sweep (`mode='sweep'`, `sweep.*`).
 
@@ -87,6 +87,9 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
       `control=False`: such an effect holds the gain of the branch's steps too).
     adopt_step_gain: taken off each effect measured against the parent before pooling:
       what the steps gain unchanged, from fixed-harness runs (`bench/step_gain.py`).
+    adopt_discoveries: also count the keeps that learned a skill, recorded because they
+      were good and so biased upward (default False: only measurements recorded
+      whatever their outcome count).
     command_line: what the launch's command line said (launch.py), replayed for every
       branch (None: no gin file, binding or flag); not a gin knob.
 
@@ -106,7 +109,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
                      proposer=proposer, control=control, continue_steps=continue_steps,
                      continue_keeps_best=continue_keeps_best, progress=True,
                      adopt_skills=adopt_skills, adopt_against=adopt_against,
-                     adopt_step_gain=adopt_step_gain)
+                     adopt_step_gain=adopt_step_gain,
+                     adopt_discoveries=adopt_discoveries)
   trainer = branch_trainer(command_line or CommandLine(), branch_steps, branch_timeout_s)
   hosts = pod.current()
   if hosts is not None and not hosts.leader:  # process 0 alone runs the controller

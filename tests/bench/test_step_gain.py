@@ -29,7 +29,7 @@ def _pool(path):
                   expected_outcome="e", validation_criterion="v", domains={}))
   effect = {"diff": 0.1, "lo": 0.05, "hi": 0.15}
   lib.record_outcome("uncontrolled", "code", None, version="v1.0", run="a",
-                     effect={**effect, "against": "parent"})
+                     effect={**effect, "against": "parent"}, selected=True)
   lib.record_outcome("uncontrolled", "code", None, version="v1.0", run="b", effect=effect)
   lib.record_outcome("uncontrolled", "code", None, version="v1.0", run="c",
                      effect={"diff": 0.5, "lo": 0.45, "hi": 0.55, "against": "control"})
@@ -45,7 +45,8 @@ def test_step_gain_and_credit_net_of_it_by_hand(tmp_path):
   against the parent (one recorded before `against` existed) pool to 0.1 with se
   0.0255 / sqrt(2) = 0.01804; the step gain's se is 0.0667 / 3.92 = 0.01701: net 0.05,
   se 0.02479, lo 0.0014. Its effect against a control, and the controlled skill, are
-  not credited here."""
+  not credited here. Without run a's, the keep that learned it, one effect is left:
+  se 0.0255, net 0.05 with se hypot(0.0255, 0.01701)."""
   from bench import step_gain
   a = _run(tmp_path / "static-s1", {0: 0.2, 8: 0.3, 16: 0.35, 24: 0.35, 32: 0.4})
   b = _run(tmp_path / "static-s2", {0: 0.2, 8: 0.3, 16: 0.4})
@@ -65,6 +66,12 @@ def test_step_gain_and_credit_net_of_it_by_hand(tmp_path):
   se = math.hypot(0.05 / 1.96 / math.sqrt(2), (0.1 - 0.1 / 3) / 3.92)
   assert skill["net_of_steps"]["lo"] == pytest.approx(0.05 - 1.96 * se)
   assert skill["beyond_steps"] is True
+  replicated = skill["replications"]
+  assert replicated["against_parent"]["n"] == 1
+  assert replicated["net_of_steps"]["mean"] == pytest.approx(0.05)
+  se = math.hypot(0.05 / 1.96, (0.1 - 0.1 / 3) / 3.92)
+  assert replicated["net_of_steps"]["lo"] == pytest.approx(0.05 - 1.96 * se)
+  assert replicated["beyond_steps"] is False
   assert json.loads((tmp_path / "out.json").read_text()) == out
 
 

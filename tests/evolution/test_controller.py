@@ -623,6 +623,9 @@ def test_a_kept_exploration_change_becomes_a_skill_the_next_run_proposes_first(t
   assert again.successes == 2
   assert [h["run"] for h in again.history] == [ledger.run_uid, second.ledger.run_uid]
   assert all(h["effect"]["lo"] > 0 for h in again.history)
+  # The first run learned it from a keep (recorded because it was good); the second
+  # measured the branch the skill proposed (recorded whatever its outcome).
+  assert [h["selected"] for h in again.history] == [True, False]
 
 
 class BindingTrainer(ScriptedTrainer):
@@ -637,9 +640,10 @@ class BindingTrainer(ScriptedTrainer):
     return super().train(version=version, bindings=bindings, **kw)
 
 
-def _measured_skill(lib, name, intervention, effects, domain="math", against="control"):
+def _measured_skill(lib, name, intervention, effects, domain="math", against="control",
+                    discovered=False):
   """A skill whose history holds `effects` (paired diffs, half-width 0.05, measured
-  `against`), one run each."""
+  `against`), one run each; `discovered`: the first is the keep that learned it."""
   lib.add(Skill(name=name, category="training stability", description="d",
                 trigger={"finding": "dead_group_ratio", "op": ">", "value": 0.5},
                 intervention=intervention, expected_outcome="e", validation_criterion="v",
@@ -647,7 +651,7 @@ def _measured_skill(lib, name, intervention, effects, domain="math", against="co
   for i, e in enumerate(effects):
     lib.record_outcome(name, domain, None, version=f"v{i}.0", run=f"earlier-{i}",
                        effect={"diff": e, "lo": e - 0.05, "hi": e + 0.05,
-                               "against": against})
+                               "against": against}, selected=discovered and i == 0)
 
 
 @pytest.mark.parametrize("adopt_against", ["control", "parent"])
@@ -672,9 +676,31 @@ def test_adopt_skills_counts_effects_against_the_parent_only_when_told(tmp_path,
     assert any("none is proven against a control" in line for line in said)
 
 
+@pytest.mark.parametrize("adopt_discoveries", [False, True])
+def test_adopt_skills_counts_the_keep_that_learned_a_skill_only_when_told(
+    tmp_path, adopt_discoveries):
+  """Two measurements are asked for; one of the two is the keep that learned the skill
+  (recorded because it was good): not adopted by default, and the run says why."""
+  trainer = BindingTrainer({})
+  c, ledger, _ = make(tmp_path, {}, trainer=trainer, generations=0, branches=1,
+                      adopt_skills=2, adopt_discoveries=adopt_discoveries)
+  _measured_skill(c.skills, "rloo-learned", {"binding": "Harness.estimator",
+                                             "kind": "set", "value": "rloo"},
+                  [0.1, 0.1], discovered=True)
+  said = []
+  c.progress.say = said.append
+  c.run()
+  adopted = ledger.get_meta("controller/adopted")["skills"]
+  assert adopted == (["rloo-learned"] if adopt_discoveries else [])
+  assert bool(trainer.bindings["v0"]) == adopt_discoveries
+  assert any("evolve.adopt_discoveries = True" in line for line in said) != adopt_discoveries
+
+
 def test_adopt_against_must_name_what_a_measurement_was_against():
   with pytest.raises(ValueError, match="adopt_against='sibling'"):
     LoopConfig(adopt_against="sibling")
+  with pytest.raises(ValueError, match="adopt_discoveries='yes'"):
+    LoopConfig(adopt_discoveries="yes")
   for gain in (-0.01, float("nan"), "0.02"):
     with pytest.raises(ValueError, match="adopt_step_gain="):
       LoopConfig(adopt_step_gain=gain)

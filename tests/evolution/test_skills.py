@@ -473,6 +473,45 @@ def test_proven_needs_a_pooled_effect_beyond_noise_in_the_domain(tmp_path):
   assert lib.proven("code", 3) == []
 
 
+def test_proven_leaves_out_the_keeps_that_learned_a_skill_unless_told(tmp_path):
+  """A keep learned as a skill is recorded because it was good (`selected`), so its
+  effect is biased upward; the branches the skill proposed later are recorded whatever
+  their outcome. By hand: the replication 0.15 alone (se 0.1) has lo 0.15 - 0.196 < 0;
+  pooled with the discovery 0.3 (se 0.1) the mean is 0.225, lo 0.225 - 0.1386 = 0.0864."""
+  lib = SkillLibrary(tmp_path)
+  lib.add(skill("learned-x"))
+  lib.record_outcome("learned-x", "code", True, version="v1", run="a", effect=_c(0.3),
+                     selected=True)
+  lib.record_outcome("learned-x", "code", None, version="v1", run="b", effect=_c(0.15))
+  assert [h["selected"] for h in lib.get("learned-x").history] == [True, False]
+  assert lib.get("learned-x").effect_in("code", discoveries=False)["n"] == 1
+  assert lib.get("learned-x").effect_in("code")["lo"] == pytest.approx(0.0864, abs=1e-3)
+  assert lib.proven("code", 1) == []
+  assert [s.name for s in lib.proven("code", 1, discoveries=True)] == ["learned-x"]
+  lib.record_outcome("learned-x", "code", None, version="v2", run="b", effect=_c(0.15))
+  assert [s.name for s in lib.proven("code", 2)] == ["learned-x"]  # lo 0.0114
+  assert lib.proven("code", 3) == []
+  assert SkillLibrary(tmp_path).get("learned-x").selected(0)  # written to the file
+
+
+def test_an_entry_from_before_selected_counts_as_selected_when_it_opens_a_learned_skill(
+    tmp_path):
+  """Legacy histories say nothing: the first entry of a learned skill is the keep that
+  learned it; a seed skill's entries were all proposed by the skill."""
+  history = [{"run": r, "version": "v1", "domain": "code", "success": None,
+              "effect": _c(0.15)} for r in ("a", "b")]
+  learned = Skill.from_dict({**skill("learned-y").to_dict(), "source": "learned",
+                             "history": history}, where="test")
+  seeded = Skill.from_dict({**skill("seed-y").to_dict(), "history": history}, where="test")
+  assert [learned.selected(i) for i in range(2)] == [True, False]
+  assert [seeded.selected(i) for i in range(2)] == [False, False]
+  assert learned.effect_in("code", discoveries=False)["n"] == 1
+  assert seeded.effect_in("code", discoveries=False)["n"] == 2
+  with pytest.raises(SkillError, match=re.escape("'selected': true | false")):
+    Skill.from_dict({**skill("bad").to_dict(), "history": [{**history[0], "selected": 1}]},
+                    where="test")
+
+
 def test_proven_counts_effects_against_a_control_unless_told_otherwise(tmp_path):
   """An effect measured against the parent (or recorded without `against`, from before
   it existed) proves nothing by default: it holds the gain of the branch's steps too.
