@@ -32,6 +32,7 @@ from typing import Any, Collection, Iterable, Mapping, Optional, Sequence
 from evotrainer import atomic
 from evotrainer.eval.test_scores import read_test_scores
 from evotrainer.evolution.ledger import Ledger, VersionRecord
+from evotrainer.evolution.skills import Skill, SkillError
 from evotrainer.evolution.stats import score_label
 from evotrainer.harness.base import printable
 
@@ -339,13 +340,27 @@ def _skills(ledger: Ledger, workdir: pathlib.Path) -> str:
                 f"<td>{_e(skill.get('category', ''))}</td>"
                 f"<td>{_e(skill.get('description', ''))}</td>"
                 f"<td><code>{_e(json.dumps(trigger) if trigger is not None else '')}</code>"
-                f"</td></tr>")
+                f"</td><td>{_e(_skill_effects(skill, path.name))}</td></tr>")
   if rows:
     out.append("<table><tr><th>name</th><th>category</th><th>description</th>"
-               "<th>trigger</th></tr>" + "".join(rows) + "</table>")
+               "<th>trigger</th><th>pooled effect</th></tr>" + "".join(rows) + "</table>")
   else:
     out.append('<p class="muted">No skills in the library.</p>')
   return "".join(out)
+
+
+def _skill_effects(skill: Mapping, where: str) -> str:
+  """A skill file's pooled effect over every measurement, then over the replications
+  only (`Skill.effect_in`: without the keeps that learned it, which adoption leaves
+  out by default); what is wrong with the file when it is not a valid skill."""
+  try:
+    s = Skill.from_dict(skill, where=where)
+  except SkillError as e:
+    return f"not a valid skill: {e}"
+  figures = (("all", s.effect), ("replications", s.effect_in(None, discoveries=False)))
+  return "; ".join(f"{label}: no measurement" if not e["n"] else
+                   f"{label}: {e['mean']:+.3f} [{e['lo']:+.3f}, {e['hi']:+.3f}] (n={e['n']})"
+                   for label, e in figures)
 
 
 def _curves(versions: Sequence[VersionRecord], workdir: pathlib.Path) -> str:

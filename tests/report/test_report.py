@@ -84,6 +84,29 @@ def test_report_content_and_escaping(run_dir):
   assert not [p for p in os.listdir(run_dir) if p.startswith(".report.")]  # no temp left
 
 
+def test_report_shows_each_skills_pooled_effect_with_and_without_its_discovery(run_dir):
+  """By hand: effects 0.3 (the keep that learned it) and 0.15, each with half-width
+  0.196 (se 0.1), pool to 0.225 [0.0864, 0.3636]; the replication alone is 0.150
+  [-0.046, +0.346]. The fixture's partial skill file is named as not a valid skill."""
+  from evotrainer.evolution.skills import Skill, SkillLibrary
+  (run_dir / "library").mkdir()  # the run's skills/ holds a partial file
+  lib = SkillLibrary(run_dir / "library")
+  lib.add(Skill(name="learned-x", category="reward design", description="d",
+                trigger={"finding": "entropy"}, source="learned",
+                intervention={"binding": "Learner.clip_high", "kind": "set", "value": 0.3},
+                expected_outcome="e", validation_criterion="v"))
+  for run, diff, selected in (("a", 0.3, True), ("b", 0.15, False)):
+    lib.record_outcome("learned-x", "code", None, version="v1", run=run, selected=selected,
+                       effect={"diff": diff, "lo": diff - 0.196, "hi": diff + 0.196,
+                               "against": "control"})
+  (run_dir / "skills/learned-x.json").write_text((run_dir / "library/learned-x.json")
+                                                 .read_text())
+  page = render_report(run_dir).read_text()
+  assert ("all: +0.225 [+0.086, +0.364] (n=2); replications: +0.150 [-0.046, +0.346] "
+          "(n=1)") in page
+  assert "not a valid skill: " in page
+
+
 def test_report_single_version_no_findings(tmp_path):
   with Ledger(tmp_path / "ledger.sqlite") as ledger:
     ledger.add_version("v0", parent=None, bindings={}, status="kept")
