@@ -257,9 +257,9 @@ class Skill:
 
   `domains` holds the evidence: {domain: {"successes": n, "failures": m}}; `history`
   the outcomes that produced it ({"run", "version", "domain", "success", "selected",
-  "effect"}):
-  the run's identity (`Ledger.run_uid`) and the version name one branch across runs, so
-  that recording the same outcome twice (a resumed run, a merged library) counts once.
+  "effect"}): the run's identity (`Ledger.run_uid`) and the version name one branch
+  across runs, so that recording the same outcome twice (a resumed run, a merged
+  library) counts once.
   `effect` is the branch's measured paired effect {diff, lo, hi} on the validation
   split, with `against` ('control' or 'parent'; one recorded without it counts as
   'parent'): an effect against the parent also holds what the branch's steps would have
