@@ -24,7 +24,9 @@ sampler  ours (`Sampler`) vs transformers `generate` on the same weights: `--bat
          128 new tokens (no stop), modes greedy, temperature (T=1), top_k (50, T=1) and
          top_p (0.9, T=1), each side in each of `--dtypes` (ours: float32 parameters,
          compute in the dtype; transformers: the weights in the dtype). Tokens/s = B x N /
-         the median of `--repeats` calls after a first (compiling) one. Where our time
+         the median of `--repeats` calls after a first (compiling) one; every mode's first
+         call comes before any timed one, and the timed calls go round the modes
+         (`bench.common.timed_each`), so no mode alone carries the child's warm-up. Where our time
          goes, in the first mode: `prefill_s` (the same call with one new token),
          `decode_s` (the rest) and `lm_head_share` of decode: N - 1 times one [B, E] x
          [E, V] head matmul, jitted alone (best of 10), over decode_s (an estimate).
@@ -87,7 +89,7 @@ from bench import learner as learner_bench  # noqa: E402
 from bench import rl_step  # noqa: E402
 from bench import sampler as sampler_bench  # noqa: E402
 from bench.common import (REPO, load_json, machine, matmul_peak_gflops,  # noqa: E402
-                          save_json, timed)
+                          save_json, timed, timed_each)
 
 MODEL = "smollm2-135m-instruct"
 MODES = {"greedy": sampler_bench.MODES["greedy"],
@@ -188,8 +190,8 @@ def sampler_worker(spec: dict) -> dict:
   model = (ours_model if ours else hf_model)(spec["source"], spec["dtype"])
   generate = sampler_bench.ours_generate if ours else sampler_bench.transformers_generate
   out = {"modes": {}}
-  for mode in spec["modes"]:
-    steady, first, tokens = timed(generate(model, prompts, n, MODES[mode]), spec["repeats"])
+  calls = {mode: generate(model, prompts, n, MODES[mode]) for mode in spec["modes"]}
+  for mode, (steady, first, tokens) in timed_each(calls, spec["repeats"]).items():
     out["modes"][mode] = {"steady_s": steady, "first_s": first, "tokens_per_s": b * n / steady}
     if mode == "greedy":
       out["modes"][mode]["row_digests"] = row_digests(tokens)
@@ -442,7 +444,7 @@ def plan(args, source: dict, vocab: int) -> list:
           out.append((f"sampler/{side}/{dtype}/b{b}", dict(
               base, part="sampler", side=side, dtype=dtype, batch=b, modes=args.modes,
               prompt_len=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats,
-              vocab=vocab)))
+              vocab=vocab, timing="interleaved")))
   top = f"top{args.top_layers}"
   if "learner" in args.parts:
     for dtype in args.dtypes:

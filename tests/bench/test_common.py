@@ -98,3 +98,24 @@ def test_cpu_model_reads_the_first_model_name(tmp_path):
                   "processor\t: 1\nmodel name\t: Other\n")
   assert common.cpu_model(str(info)) == "Some CPU @ 2.0GHz"
   assert common.cpu_model(str(tmp_path / "absent")) == (platform.processor() or None)
+
+
+def test_timed_each_compiles_all_first_then_rotates_the_timed_rounds(monkeypatch):
+  """A fake clock: each call of f advances it by f's own durations, in call order."""
+  clock = [0.0]
+  monkeypatch.setattr(common.time, "perf_counter", lambda: clock[0])
+  durations = {"a": iter([10.0, 1.0, 3.0, 2.0]), "b": iter([20.0, 5.0, 4.0, 6.0])}
+  calls = []
+
+  def fn(name):
+    def go():
+      calls.append(name)
+      clock[0] += next(durations[name])
+      return name.upper()
+    return go
+
+  got = common.timed_each({"a": fn("a"), "b": fn("b")}, repeats=3)
+  # First calls in order, then rounds a-b, b-a, a-b.
+  assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
+  assert got["a"] == (2.0, 10.0, "A")  # median of 1, 3, 2
+  assert got["b"] == (5.0, 20.0, "B")  # median of 5, 4, 6
