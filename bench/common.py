@@ -42,8 +42,12 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     t = time.perf_counter()
     fn()
     times.append(time.perf_counter() - t)
-  times.sort()
-  return times[len(times) // 2]
+  return _median(times)
+
+
+def _median(times: Sequence[float]) -> float:
+  """The middle of `times` (the upper of the two middles of an even count)."""
+  return sorted(times)[len(times) // 2]
 
 
 def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float, object]:
@@ -59,8 +63,8 @@ def timed_each(fns: Mapping[str, Callable[[], object]], repeats: int) -> dict:
   """{name: (median seconds, first call's seconds, first call's result)} as `timed`
   gives, but every function's first call comes before any timed one, and the timed
   calls go round by round, each round starting one function later: a function timed
-  first in its process no longer carries the process's warm-up alone (measured on the
-  sampler: the first mode timed ran 10-20% slower than the same mode timed second)."""
+  first in its process no longer carries the process's warm-up alone (on the sampler
+  the first mode timed ran slower than the same mode timed second)."""
   names = list(fns)
   firsts, outs = {}, {}
   for name in names:
@@ -73,8 +77,7 @@ def timed_each(fns: Mapping[str, Callable[[], object]], repeats: int) -> dict:
       t = time.perf_counter()
       fns[name]()
       times[name].append(time.perf_counter() - t)
-  return {name: (sorted(times[name])[len(times[name]) // 2], firsts[name], outs[name])
-          for name in names}
+  return {name: (_median(times[name]), firsts[name], outs[name]) for name in names}
 
 
 # The packages whose versions change the numbers: a fresh install can move an RL run's
