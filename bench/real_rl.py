@@ -56,7 +56,8 @@ bench/real_model.py's or bench/swe_real.py's, are kept):
                      file (null when that was not measured)
   swe_evolution, swe_evolution_versions, swe_evolution_minutes   the `evolve` arm of
                      `--domain swe` (gin/swe_smol_evolve.gin: the same policy evolved at
-                     level 1)
+                     level 1), and in `resolve` {level: ...} 'evolved', 'evolved_episodes',
+                     'evolved_seeds': the incumbent's test resolve rate (`swe_evolved`)
   rl_machine         load averages before and after each run, package versions
 """
 
@@ -77,6 +78,7 @@ import numpy as np  # noqa: E402
 from bench.common import (load_json, packages, paired_interval, run_or_read,  # noqa: E402
                           save_json, uptime)
 from bench.evolve_arms import base_arm, static_arm  # noqa: E402
+from evotrainer.eval.test_scores import read_test_scores  # noqa: E402
 
 # (domain, arm) -> the gin file it launches, and the JSON section it writes.
 GIN = {("code", "rl"): "gin/code_smol_train.gin", ("code", "evolve"): "gin/code_smol.gin",
@@ -146,6 +148,26 @@ def swe_resolve(runs: dict) -> dict:
                "rl_seeds": len(figs)} for lv, figs in sorted(by.items())}
 
 
+def incumbent_levels(summary: dict, wd: pathlib.Path) -> dict:
+  """{level: {'avg', 'episodes'}} of an evolution's incumbent on the test split (its
+  versions/<id>/test_eval.json); {} when that was not evaluated."""
+  test = dict(read_test_scores(wd).get(summary["incumbent"], {}))
+  per_problem = test.pop("per_problem", None)
+  return level_resolve(test, per_problem, swe_levels(wd)) if per_problem else {}
+
+
+def swe_evolved(runs: dict) -> dict:
+  """{level: {'evolved', 'evolved_episodes', 'evolved_seeds'}}: the incumbents' test
+  resolve rate, the mean over the runs (`run_result`'s `levels`)."""
+  by: dict = {}
+  for r in runs.values():
+    for lv, fig in r.get("levels", {}).items():
+      by.setdefault(lv, []).append(fig)
+  return {lv: {"evolved": round(float(np.mean([f["avg"] for f in figs])), 4),
+               "evolved_episodes": sum(f["episodes"] for f in figs),
+               "evolved_seeds": len(figs)} for lv, figs in sorted(by.items())}
+
+
 def training_diagnostics(metrics_path: pathlib.Path, edge: int = EDGE_STEPS) -> dict:
   """{"first": {key: mean}, "last": {key: mean}} over the first and last `edge` training
   steps of a run's metrics.jsonl (its rows for one step are merged), for TRAINING_KEYS."""
@@ -210,6 +232,8 @@ def _args(argv) -> argparse.Namespace:
 
 def run_result(arm: tuple, summary: dict, wd: pathlib.Path) -> dict:
   """One finished run's figures, read from its summary and files."""
+  if arm == ("swe", "evolve"):
+    return {**evolve_result(summary), "levels": incumbent_levels(summary, wd)}
   if arm[1] == "evolve":
     return evolve_result(summary)
   out = {**rl_result(summary),
@@ -229,6 +253,9 @@ def write_section(payload: dict, arm: tuple, stored: dict) -> None:
     payload[section] = {"gin": GIN[arm], "runs": stored}
     payload[f"{section}_versions"] = float(np.mean([r["versions"] for r in stored.values()]))
     payload[f"{section}_minutes"] = float(np.mean([r["minutes"] for r in stored.values()]))
+    if arm[0] == "swe":
+      for lv, row in swe_evolved(stored).items():
+        payload.setdefault("resolve", {}).setdefault(lv, {}).update(row)
     return
   payload[section] = {"gin": GIN[arm], **summarize_rl(stored)}
   if arm[0] == "math":

@@ -134,3 +134,32 @@ def test_main_folds_a_swe_run_into_the_resolve_table_beside_the_base_figures(
   run = got["swe_rl"]["runs"]["swe-rl-s0"]
   assert run["test_report"] == {"initial": {"all": {}}, "final": {"all": {}}}
   assert got["swe_rl"]["warm_test"] == 0.25 and got["swe_rl"]["rl_test"] == 0.5
+
+
+def test_a_swe_evolution_adds_its_incumbents_test_resolve_rate_to_the_table(
+    tmp_path, monkeypatch):
+  from bench import real_rl
+  from evotrainer.eval.test_scores import write_test_scores
+
+  def fake_run(gin_files, bindings, wd, log):
+    wd.mkdir(parents=True)
+    (wd / "operative_config.gin").write_text("SweDomain.levels = [1]\n")
+    # The root resolves 1 of 8 test episodes, the kept branch (the incumbent) 3 of 8.
+    for vid, per in (("v0.0", {"a-L1": 0.25, "b-L1": 0.0}),
+                     ("v1.0", {"a-L1": 0.5, "b-L1": 0.25})):
+      (wd / "versions" / vid).mkdir(parents=True)
+      write_test_scores(wd / "versions" / vid, vid, {"avg4": sum(per.values()) / 2}, per)
+    return {"incumbent": "v1.0", "wall_s": 600.0,
+            "versions": [{"id": "v0.0", "status": "kept", "parent": None, "steps": 4},
+                         {"id": "v1.0", "status": "kept", "parent": "v0.0", "steps": 8}]}
+  monkeypatch.setattr(real_rl, "run_or_read", fake_run)
+  monkeypatch.setattr(real_rl, "packages", lambda names: {})
+  out = tmp_path / "swe_real.json"
+  out.write_text(json.dumps({"resolve": {"1": {"base": 0.0, "episodes": 20}}}))
+  real_rl.main(["--domain", "swe", "--arm", "evolve", "--workdir", str(tmp_path / "w"),
+                "--json", str(out)])
+  got = json.loads(out.read_text())
+  assert got["resolve"]["1"] == {"base": 0.0, "episodes": 20, "evolved": 0.375,
+                                 "evolved_episodes": 8, "evolved_seeds": 1}
+  assert got["swe_evolution"]["runs"]["swe-evolve-s0"]["incumbent"] == "v1.0"
+  assert got["swe_evolution_versions"] == 2.0
