@@ -134,18 +134,23 @@ def level_resolve(figures: dict, per_problem: dict, levels: list) -> dict:
   return {str(lv): {"avg": figures[name(lv)], "episodes": episodes} for lv in levels}
 
 
+def _by_level(runs: dict) -> dict:
+  """{level: [each run's figures at that level]} of runs with `levels`, in level order."""
+  by: dict = {}
+  for r in runs.values():
+    for lv, fig in r.get("levels", {}).items():
+      by.setdefault(lv, []).append(fig)
+  return dict(sorted(by.items()))
+
+
 def swe_resolve(runs: dict) -> dict:
   """{level: {'rl', 'rl_before', 'rl_episodes', 'rl_seeds'}}: the test resolve rate after
   RL and before it (the warm-started policy), means over the runs (`rl_result`'s
   `levels`), beside bench/swe_real.py's base figures in `resolve`."""
-  by: dict = {}
-  for r in runs.values():
-    for lv, fig in r["levels"].items():
-      by.setdefault(lv, []).append(fig)
   return {lv: {"rl": round(float(np.mean([f["final"]["avg"] for f in figs])), 4),
                "rl_before": round(float(np.mean([f["initial"]["avg"] for f in figs])), 4),
                "rl_episodes": sum(f["final"]["episodes"] for f in figs),
-               "rl_seeds": len(figs)} for lv, figs in sorted(by.items())}
+               "rl_seeds": len(figs)} for lv, figs in _by_level(runs).items()}
 
 
 def incumbent_levels(summary: dict, wd: pathlib.Path) -> dict:
@@ -159,13 +164,9 @@ def incumbent_levels(summary: dict, wd: pathlib.Path) -> dict:
 def swe_evolved(runs: dict) -> dict:
   """{level: {'evolved', 'evolved_episodes', 'evolved_seeds'}}: the incumbents' test
   resolve rate, the mean over the runs (`run_result`'s `levels`)."""
-  by: dict = {}
-  for r in runs.values():
-    for lv, fig in r.get("levels", {}).items():
-      by.setdefault(lv, []).append(fig)
   return {lv: {"evolved": round(float(np.mean([f["avg"] for f in figs])), 4),
                "evolved_episodes": sum(f["episodes"] for f in figs),
-               "evolved_seeds": len(figs)} for lv, figs in sorted(by.items())}
+               "evolved_seeds": len(figs)} for lv, figs in _by_level(runs).items()}
 
 
 def training_diagnostics(metrics_path: pathlib.Path, edge: int = EDGE_STEPS) -> dict:
