@@ -155,10 +155,13 @@ def swe_resolve(runs: dict) -> dict:
 
 def incumbent_levels(summary: dict, wd: pathlib.Path) -> dict:
   """{level: {'avg', 'episodes'}} of an evolution's incumbent on the test split (its
-  versions/<id>/test_eval.json); {} when that was not evaluated."""
+  versions/<id>/test_eval.json, at the levels of that version's operative config); {}
+  when that was not evaluated."""
   test = dict(read_test_scores(wd).get(summary["incumbent"], {}))
   per_problem = test.pop("per_problem", None)
-  return level_resolve(test, per_problem, swe_levels(wd)) if per_problem else {}
+  if not per_problem:
+    return {}
+  return level_resolve(test, per_problem, swe_levels(wd / "versions" / summary["incumbent"]))
 
 
 def swe_evolved(runs: dict) -> dict:

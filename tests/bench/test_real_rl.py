@@ -142,12 +142,13 @@ def test_a_swe_evolution_adds_its_incumbents_test_resolve_rate_to_the_table(
   from evotrainer.eval.test_scores import write_test_scores
 
   def fake_run(gin_files, bindings, wd, log):
-    wd.mkdir(parents=True)
-    (wd / "operative_config.gin").write_text("SweDomain.levels = [1]\n")
-    # The root resolves 1 of 8 test episodes, the kept branch (the incumbent) 3 of 8.
+    # The root resolves 1 of 8 test episodes, the kept branch (the incumbent) 3 of 8. As
+    # in a real evolution, each version's directory holds its operative config, the
+    # controller's (wd) none.
     for vid, per in (("v0.0", {"a-L1": 0.25, "b-L1": 0.0}),
                      ("v1.0", {"a-L1": 0.5, "b-L1": 0.25})):
       (wd / "versions" / vid).mkdir(parents=True)
+      (wd / "versions" / vid / "operative_config.gin").write_text("SweDomain.levels = [1]\n")
       write_test_scores(wd / "versions" / vid, vid, {"avg4": sum(per.values()) / 2}, per)
     return {"incumbent": "v1.0", "wall_s": 600.0,
             "versions": [{"id": "v0.0", "status": "kept", "parent": None, "steps": 4},
