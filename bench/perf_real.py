@@ -34,6 +34,10 @@ sampler  ours (`Sampler`) vs transformers `generate` on the same weights: `--bat
          both sides, per dtype and batch.
          Summary `sampler_vs_transformers` {"<mode>_b<B>": our tokens/s in our best dtype /
          transformers' in its best}; `sampler_by_dtype` the same per dtype, both sides in it.
+         `--round N` (N >= 1, `--parts sampler` alone) measures the part again, stored
+         beside the earlier rounds as '<name>@N': every tokens/s above is then the cell's
+         median over the rounds, and `sampler_rounds` {"<mode>_b<B>": {"rounds", "min",
+         "max"}} the spread of the best-dtype ratio computed within each round.
 learner  `Learner.step` on a full-length batch (`--learner_batch` rows x (P + N) = 64 + 128
          positions, random ids and advantages; GRPO loss, no KL, adamw), in each dtype,
          full fine-tuning and the shipped top-4 setting (`Learner.trainable_layers`,
@@ -207,24 +211,21 @@ def sampler_worker(spec: dict) -> dict:
   return out
 
 
-def sampler_summary(runs: dict) -> dict:
-  """The sampler part's summaries (module docstring) from its stored runs."""
-  rate, digests, splits = {}, {}, {}
+def sampler_rates(runs: dict) -> dict:
+  """{round: {(side, dtype, batch, mode): tokens/s}} of the stored sampler runs."""
+  rounds: dict = {}
   for run in runs.values():
     s = run["settings"]
-    if s["part"] != "sampler":
-      continue
-    for mode, r in run["result"]["modes"].items():
-      rate[s["side"], s["dtype"], s["batch"], mode] = r["tokens_per_s"]
-      if "row_digests" in r:
-        digests[s["side"], s["dtype"], s["batch"]] = r["row_digests"]
-    if "split" in run["result"]:
-      splits[f"{s['dtype']}_b{s['batch']}"] = run["result"]["split"]
-  by_dtype, best, best_dtype, agreement = {}, {}, {}, {}
-  for (side, dtype, b, mode), r in sorted(rate.items()):
-    theirs = rate.get(("transformers", dtype, b, mode))
-    if side == "ours" and theirs:
-      by_dtype.setdefault(dtype, {})[f"{mode}_b{b}"] = round(r / theirs, 3)
+    if s["part"] == "sampler":
+      for mode, r in run["result"]["modes"].items():
+        rounds.setdefault(s.get("round", 0), {})[s["side"], s["dtype"], s["batch"], mode] = (
+            r["tokens_per_s"])
+  return rounds
+
+
+def best_ratios(rate: dict) -> tuple:
+  """({"<mode>_b<B>": ours / theirs, each side in its best dtype}, {that cell: the dtypes})."""
+  best, best_dtype = {}, {}
   for b, mode in sorted({(b, m) for (_, _, b, m) in rate}):
     tops = {}  # side -> (its best tokens/s, that dtype)
     for side in ("ours", "transformers"):
@@ -234,11 +235,48 @@ def sampler_summary(runs: dict) -> dict:
     if len(tops) == 2:
       best[f"{mode}_b{b}"] = round(tops["ours"][0] / tops["transformers"][0], 3)
       best_dtype[f"{mode}_b{b}"] = {side: d for side, (_, d) in tops.items()}
+  return best, best_dtype
+
+
+def round_spread(rounds: dict) -> dict:
+  """{cell: {"rounds", "min", "max"}} of `best_ratios` computed within each round (each
+  round's two sides measured in the same session), for the cells of 2 or more rounds."""
+  per_cell: dict = {}
+  for rate in rounds.values():
+    for cell, ratio in best_ratios(rate)[0].items():
+      per_cell.setdefault(cell, []).append(ratio)
+  return {cell: {"rounds": len(r), "min": min(r), "max": max(r)}
+          for cell, r in sorted(per_cell.items()) if len(r) > 1}
+
+
+def sampler_summary(runs: dict) -> dict:
+  """The sampler part's summaries (module docstring) from its stored runs: each cell's
+  tokens/s is its median over the rounds (`--round`)."""
+  rounds = sampler_rates(runs)
+  rate = {key: float(np.median([r[key] for r in rounds.values() if key in r]))
+          for key in {k for r in rounds.values() for k in r}}
+  digests, splits = {}, {}
+  for run in runs.values():
+    s = run["settings"]
+    if s["part"] != "sampler" or s.get("round", 0):
+      continue
+    for mode, r in run["result"]["modes"].items():
+      if "row_digests" in r:
+        digests[s["side"], s["dtype"], s["batch"]] = r["row_digests"]
+    if "split" in run["result"]:
+      splits[f"{s['dtype']}_b{s['batch']}"] = run["result"]["split"]
+  by_dtype, agreement = {}, {}
+  for (side, dtype, b, mode), r in sorted(rate.items()):
+    theirs = rate.get(("transformers", dtype, b, mode))
+    if side == "ours" and theirs:
+      by_dtype.setdefault(dtype, {})[f"{mode}_b{b}"] = round(r / theirs, 3)
+  best, best_dtype = best_ratios(rate)
   for (side, dtype, b), rows in digests.items():
     theirs = digests.get(("transformers", dtype, b))
     if side == "ours" and theirs:
       agreement[f"{dtype}_b{b}"] = float(np.mean([x == y for x, y in zip(rows, theirs)]))
   return {"sampler_vs_transformers": best, "sampler_best_dtype": best_dtype,
+          "sampler_rounds": round_spread(rounds),
           "sampler_by_dtype": by_dtype, "sampler_time_split": splits,
           "sampler_greedy_agreement": agreement,
           "sampler_tokens_per_s": {f"{side}/{d}/{m}_b{b}": round(r, 1)
@@ -441,10 +479,12 @@ def plan(args, source: dict, vocab: int) -> list:
     for dtype in args.dtypes:
       for b in args.batches:
         for side in ("ours", "transformers"):
-          out.append((f"sampler/{side}/{dtype}/b{b}", dict(
-              base, part="sampler", side=side, dtype=dtype, batch=b, modes=args.modes,
-              prompt_len=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats,
-              vocab=vocab, timing="interleaved")))
+          spec = dict(base, part="sampler", side=side, dtype=dtype, batch=b,
+                      modes=args.modes, prompt_len=args.prompt_len,
+                      new_tokens=args.new_tokens, repeats=args.repeats, vocab=vocab,
+                      timing="interleaved", **({"round": args.round} if args.round else {}))
+          suffix = f"@{args.round}" if args.round else ""
+          out.append((f"sampler/{side}/{dtype}/b{b}{suffix}", spec))
   top = f"top{args.top_layers}"
   if "learner" in args.parts:
     for dtype in args.dtypes:
@@ -498,6 +538,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   ap.add_argument("--prompt_len", type=int, default=64)
   ap.add_argument("--new_tokens", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=2, help="timed calls after the first")
+  ap.add_argument("--round", type=int, default=0,
+                  help="a repeat of the sampler part (N > 0): stored beside the earlier "
+                  "rounds as '<name>@N'; the summaries take each cell's median over rounds")
   ap.add_argument("--learner_batch", type=int, default=32)
   ap.add_argument("--top_layers", type=int, default=SHIPPED_TOP_LAYERS)
   ap.add_argument("--rl_prompts", type=int, default=4)
@@ -523,6 +566,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   bad = [p for p in args.parts if p not in PARTS] + [m for m in args.modes if m not in MODES]
   if bad:
     ap.error(f"unknown parts or modes {bad}; parts {PARTS}, modes {list(MODES)}")
+  if args.round < 0 or (args.round and args.parts != ["sampler"]):
+    ap.error(f"--round {args.round}: a round is N >= 1 of the sampler part alone "
+             "(--parts sampler)")
   return args
 
 

@@ -113,3 +113,47 @@ def test_quick_rl_step_against_trl(tmp_path):
   assert "reference" not in rl["trl"]["phase_s"]  # KL off: TRL builds no reference model
   for side in ("ours", "ours_top1"):
     assert rl[f"{side}_over_trl"] == round(rl[side]["tokens_per_s"] / rl["trl"]["tokens_per_s"], 3)
+
+
+def _sampler_run(side, dtype, rates, round_=0):
+  settings = {"part": "sampler", "side": side, "dtype": dtype, "batch": 16,
+              **({"round": round_} if round_ else {})}
+  return {"settings": settings,
+          "result": {"modes": {m: {"tokens_per_s": r} for m, r in rates.items()}}}
+
+
+def test_sampler_rounds_take_each_cells_median_and_report_the_spread():
+  runs = {}
+  # Three rounds of greedy at batch 16: ours 300 / 200 / 250, transformers (bfloat16, its
+  # best) 150 / 125 / 100; transformers' float32 always slower (90).
+  for n, (ours, theirs) in enumerate(((300.0, 150.0), (200.0, 125.0), (250.0, 100.0))):
+    tag = f"@{n}" if n else ""
+    runs[f"sampler/ours/float32/b16{tag}"] = _sampler_run("ours", "float32", {"greedy": ours}, n)
+    runs[f"sampler/transformers/bfloat16/b16{tag}"] = _sampler_run(
+        "transformers", "bfloat16", {"greedy": theirs}, n)
+    runs[f"sampler/transformers/float32/b16{tag}"] = _sampler_run(
+        "transformers", "float32", {"greedy": 90.0}, n)
+  got = perf_real.sampler_summary(runs)
+  # Medians 250 and 125: 2.0; within each round 2.0, 1.6, 2.5.
+  assert got["sampler_vs_transformers"] == {"greedy_b16": 2.0}
+  assert got["sampler_best_dtype"] == {"greedy_b16": {"ours": "float32",
+                                                      "transformers": "bfloat16"}}
+  assert got["sampler_rounds"] == {"greedy_b16": {"rounds": 3, "min": 1.6, "max": 2.5}}
+  assert got["sampler_tokens_per_s"]["ours/float32/greedy_b16"] == 250.0
+  assert got["sampler_by_dtype"] == {"float32": {"greedy_b16": round(250 / 90, 3)}}
+  one = {k: v for k, v in runs.items() if "@" not in k}  # round 0 alone: no spread
+  assert perf_real.sampler_summary(one)["sampler_rounds"] == {}
+  assert perf_real.sampler_summary(one)["sampler_vs_transformers"] == {"greedy_b16": 2.0}
+
+
+def test_a_round_is_a_repeat_of_the_sampler_part_alone(tmp_path):
+  args = perf_real.parse_args(["--parts", "sampler", "--round", "2"])
+  names = [name for name, _ in perf_real.plan(args, {"name": "m"}, 100)]
+  assert names and all(n.endswith("@2") for n in names)
+  assert perf_real.plan(args, {"name": "m"}, 100)[0][1]["round"] == 2
+  base = perf_real.parse_args(["--parts", "sampler"])
+  assert "round" not in perf_real.plan(base, {"name": "m"}, 100)[0][1]  # stored rows match
+  for bad in (["--round", "1"], ["--parts", "sampler,learner", "--round", "1"],
+              ["--parts", "sampler", "--round", "-1"]):
+    with pytest.raises(SystemExit):
+      perf_real.parse_args(bad)
