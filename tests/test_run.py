@@ -327,3 +327,71 @@ def test_a_command_line_train_steps_is_said_to_be_replaced(capsys, bindings, sai
                         workdir="/w")
   steps = [c for c in cmd if c.startswith("--gin_bindings=") and "train.steps" in c]
   assert steps[-1] == "--gin_bindings=train.steps = 7"  # the branch's value comes last
+
+
+def test_a_missing_skills_dir_is_a_config_error_before_any_ledger(tmp_path, clean_gin):
+  """A pool path that does not exist (e.g. a relative one read from another directory)
+  would start the run from no skills without a word; it is refused."""
+  from evotrainer.config import ConfigError
+  from tests.evolution.test_controller import space
+  with pytest.raises(ConfigError, match="skills_dir='.*nowhere' is not a directory"):
+    evolve_mode.evolve(str(tmp_path / "run"), 0, space=space(),
+                       skills_dir=str(tmp_path / "nowhere"))
+  assert not (tmp_path / "run").exists()
+
+
+def _naive_adoption(pool_dirs, domain, step_gain, min_n=2, z=1.96) -> set:
+  """The skills a root adopts under `gin/code_smol_adopt.gin`'s rule, by a plain loop over
+  the skill files: each history entry in `domain` that was not recorded because it was
+  good (a learned skill's first entry, without a `selected` mark, counts as such), an
+  effect against the parent less `step_gain`; inverse-variance pooling; at least `min_n`
+  of them and the pooled interval above 0; the largest pooled mean per binding."""
+  best = {}  # binding -> (mean, name)
+  seen = set()
+  for d in pool_dirs:
+    for path in sorted(pathlib.Path(d).glob("*.json")):
+      skill = json.loads(path.read_text())
+      if skill["name"] in seen:
+        continue
+      seen.add(skill["name"])
+      rows = []
+      for i, h in enumerate(skill.get("history", [])):
+        selected = h.get("selected", skill.get("source") == "learned" and i == 0)
+        e = h.get("effect")
+        if not e or h.get("domain") != domain or selected:
+          continue
+        off = step_gain if e.get("against", "parent") == "parent" else 0.0
+        se = max((e["hi"] - e["lo"]) / (2 * z), 1e-3)
+        rows.append((e["diff"] - off, se))
+      if len(rows) < min_n or skill["intervention"]["kind"] == "revert":
+        continue
+      w = [1 / se ** 2 for _, se in rows]
+      mean = sum(wi * d for wi, (d, _) in zip(w, rows)) / sum(w)
+      if mean - z / sum(w) ** 0.5 > 0:
+        binding = skill["intervention"]["binding"]
+        best[binding] = max(best.get(binding, (-1.0, "")), (mean, skill["name"]))
+  return {name for _, name in best.values()}
+
+
+def test_the_shipped_adoption_config_adopts_what_its_committed_pool_proves(
+    tmp_path, monkeypatch, clean_gin):
+  """gin/code_smol_adopt.gin through the mode (a stand-in trainer, the root alone): the
+  root trains under the skills that a plain pooling of the committed pool
+  (bench/results/skills_pool_code_smol_replicated) says are proven, and no others."""
+  from evotrainer import registry
+  from evotrainer.evolution.skills import SEED_DIR
+  from tests.evolution import test_controller as tc
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  monkeypatch.chdir(repo)  # the config's pool path is relative to the repository root
+  registry.parse(["gin/code_smol_adopt.gin"], ["evolve.generations = 0",
+                                                "evolve.backtest = False"])
+  assert gin.query_parameter("VerifyConfig.keep_on") == "unless_worse"
+  expected = _naive_adoption([repo / "bench/results/skills_pool_code_smol_replicated",
+                              SEED_DIR], "code", 0.027)
+  assert expected  # the committed pool proves something, or the test shows nothing
+  trainer = tc.BindingTrainer({})
+  monkeypatch.setattr(evolve_mode, "branch_trainer", lambda *a, **k: trainer)
+  evolve_mode.evolve(str(tmp_path / "run"), 0)
+  with open_ledger(tmp_path / "run") as ledger:
+    assert set(ledger.get_meta("controller/adopted")["skills"]) == expected
+  assert len(trainer.bindings["v0"]) == len(expected)

@@ -4,6 +4,7 @@ the variants of a sweep file, every branch a `branch`-mode child process."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import gin
@@ -105,6 +106,9 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   from evotrainer.evolution.skills import SEED_DIR, SkillLibrary
   from evotrainer.evolution.sweep import gin_harness_builder
 
+  if skills_dir and not pathlib.Path(skills_dir).is_dir():
+    raise ConfigError(f"evolve: skills_dir={skills_dir!r} is not a directory (a relative "
+                      f"path is read from {os.getcwd()})")
   loop = loop_config(domain=domain, branches=branches, generations=generations, seed=seed,
                      proposer=proposer, control=control, continue_steps=continue_steps,
                      continue_keeps_best=continue_keeps_best, progress=True,
