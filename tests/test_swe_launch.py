@@ -167,6 +167,9 @@ def test_swe_smol_evolve_gin_evolves_the_warm_started_code_edit_policy(parsed):
   low, high = (gin.query_parameter(f"lr/FloatKnob.{b}") for b in ("low", "high"))
   assert low < gin.query_parameter("Learner.learning_rate") == 2e-5 < high <= 1e-4
   assert gin.query_parameter("VerifyConfig.keep_on") == "mean"
+  # The root branch carries the warm start and two evaluations before its 4 RL steps, over
+  # 30 minutes on a 2-core CPU (the default limit timed it out); 2 hours at least.
+  assert gin.query_parameter("evolve.branch_timeout_s") >= 2 * 3600
 
 
 @pytest.mark.slow
