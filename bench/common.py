@@ -51,17 +51,15 @@ def _median(times: Sequence[float]) -> float:
 
 
 def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float, object]:
-  """(median seconds of `repeats` calls after the first, the first call's seconds, the
-  first call's result): a steady state apart from compilation and warm-up."""
-  t = time.perf_counter()
-  first_out = fn()
-  first = time.perf_counter() - t
-  return median_time(fn, repeats), first, first_out
+  """`timed_each` of one function: (median seconds of `repeats` calls after the first, the
+  first call's seconds, the first call's result)."""
+  return timed_each({"fn": fn}, repeats)["fn"]
 
 
 def timed_each(fns: Mapping[str, Callable[[], object]], repeats: int) -> dict:
-  """{name: (median seconds, first call's seconds, first call's result)} as `timed`
-  gives, but every function's first call comes before any timed one, and the timed
+  """{name: (median seconds of `repeats` calls after the first, the first call's seconds,
+  the first call's result)}: a steady state apart from compilation and warm-up. Every
+  function's first call comes before any timed one, and the timed
   calls go round by round, each round starting one function later: a function timed
   first in its process no longer carries the process's warm-up alone (on the sampler
   the first mode timed ran slower than the same mode timed second)."""
