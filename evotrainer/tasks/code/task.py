@@ -95,7 +95,8 @@ STOP_PARTS = tuple(f"stop_{s}" for s in executor.STOPS + ("malformed",))
 TAMPER_PATTERNS = (r"\bos\s*\.\s*_exit\b", r"_getframe", r"\bsys\s*\.\s*modules\b",
                    r"\b__builtins__\b", r"\bimport\s+builtins\b", r"\bsettrace\b",
                    r"\bsetprofile\b", r"\bgc\s*\.\s*get_(objects|referrers)\b",
-                   r"\bimport\s+inspect\b", r"\bdup2\b", r"\bsys\s*\.\s*__stdout__\b",
+                   r"\bimport\s+inspect\b", r"\b(os|posix)\s*\.\s*dup2\b",
+                   r"(?<!\.)\bdup2\b", r"\bsys\s*\.\s*__stdout__\b",
                    r"\bsolution\.py\b", r"\bmain\.py\b", r"\bos\s*\.\s*kill\b")
 _TAMPER = re.compile("|".join(TAMPER_PATTERNS))
 DEFAULT_TEMPLATE = "{question}"

@@ -295,6 +295,13 @@ def test_tamper_and_hardcoded_detection():
   assert reaches_for_harness("import os\nos._exit(0)")
   assert reaches_for_harness("import sys\nf = sys._getframe(1)")
   assert not reaches_for_harness("import sys\nprint(sys.stdin.read())\nsys.exit(0)")
+  # dup2 only as the os module's (or imported from it): an attribute of some other name
+  # is no redirect of the verdict's descriptor (a garbled `resol.dup2(args)` once vetoed a
+  # branch).
+  assert reaches_for_harness("import os\nos.dup2(3, 1)")
+  assert reaches_for_harness("import posix\nposix . dup2(3, 1)")
+  assert reaches_for_harness("from os import dup2\ndup2(3, 1)")
+  assert not reaches_for_harness("def f(args):\n    return resol.dup2(args)")
   special = "def f(x):\n    if x == 1:\n        return 8\n    if x == 2:\n        return 9\n"
   assert hardcoded(special, ADD7)
   leaked = "def f(x):\n    return {1: 8, 2: 9}.get(x, 0)\n"  # 8 and 9 are hidden outputs
