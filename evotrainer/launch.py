@@ -37,6 +37,8 @@ its configuration fingerprinted (evotrainer/workdir.py).
 Modes (`run.mode`):
   sample   build the policy (tiny model from scratch or a local HF checkpoint), sample
            completions for held-out problems, score them, and report.
+  test     score a model trained earlier (`test.model`) on `EvalConfig.num_test` test
+           problems, as a run scores its own (evotrainer/modes/scoring.py).
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ _CONTROLLER_MODES = ("evolve", "sweep")
 _MODE_FLAGS = {"sweep": {"sweep_file", "resume_from", "new_segment"},
                "evolve": {"resume_from", "new_segment"},
                "train": {"new_segment"}, "branch": {"new_segment"},
-               "ledger": set(), "sample": set()}
+               "ledger": set(), "sample": set(), "test": set()}
 
 
 def _fail(kind: str, message: str) -> None:

@@ -21,6 +21,9 @@ Modes:
            (terminal, summary.json 'sweep', report.html); same `evolve.*` knobs and ledger.
   ledger   print the ledger of the run in the workdir as a table.
   sample   build the policy, sample completions for held-out problems, score them.
+  test     score a model trained earlier (`test.model`: a version's export, a run's
+           checkpoints) on the test split as a run scores its own; writes
+           <workdir>/test_eval.json (evotrainer/modes/scoring.py).
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from evotrainer.modes.common import say, write_summary
 from evotrainer.modes.evolve import evolve
 from evotrainer.modes.ledger import print_ledger
 from evotrainer.modes.sample import sample
+from evotrainer.modes.scoring import model_under_test, score_model
 from evotrainer.modes.train import train_and_test
 
-MODES = ("train", "branch", "evolve", "sweep", "ledger", "sample")
+MODES = ("train", "branch", "evolve", "sweep", "ledger", "sample", "test")
 
 
 @gin.configurable(module="run", denylist=["command_line", "workdir"])
@@ -100,7 +104,9 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   summary = {"mode": mode, "seed": seed,
              "model": {"architecture": c.architecture, "params": c.num_params(),
                        "source": "scratch" if scratch else "hf"}}
-  if warm_start and not (mode == "branch" and branch()["parent"]):
+  trained = ((mode == "branch" and branch()["parent"]) or
+             (mode == "test" and model_under_test() is not None))
+  if warm_start and not trained:  # a trained model's parameters replace the warm start
     from evotrainer.learner.warmstart import warm_start as warm_start_fn
     t0 = time.time()
     model = warm_start_fn(model, tok, task, seed=seed, mesh=mesh)
@@ -108,6 +114,8 @@ def run(workdir: str, *, mode: str = "train", seed: int = 0, task=gin.REQUIRED,
   if mode == "sample":
     summary["heldout"] = sample(model, tok, task, mesh, seed, num_problems,
                                 samples_per_problem, sampling)
+  elif mode == "test":
+    summary.update(score_model(workdir, model, tok, task, mesh))
   elif mode == "branch":
     summary.update(train_branch(workdir, model, tok, task, mesh, seed, sampling))
   else:

@@ -79,6 +79,41 @@ def test_resume_reproduces_an_uninterrupted_run(setup, tmp_path):
     np.testing.assert_allclose(np.asarray(va[...]), np.asarray(vb[...]), atol=1e-6)
 
 
+@pytest.mark.slow
+def test_test_mode_scores_a_trained_run_as_the_run_scored_itself(setup, tmp_path):
+  """`test` mode (modes/scoring.py) loads a train run's last checkpoint into a fresh
+  model and scores it on the test split: the parameters are the run's own, and the
+  scores are those of the run's own rollout engine with its in-memory parameters."""
+  import gin
+  from evotrainer.eval.heldout import score_test_split
+  from evotrainer.modes.scoring import load_trained, score_model
+  task, tok, cfg = setup
+  out = _run(setup, tmp_path / "run", steps=2)
+  gin.clear_config()
+  gin.parse_config(f"run.test.model = '{tmp_path / 'run'}'\n"
+                   "train.EvalConfig.num_test = 4\ntrain.EvalConfig.k = 2\n"
+                   "train.EvalConfig.batch_rows = 8\ntrain.EvalConfig.max_new_tokens = 6\n")
+  try:
+    fresh = Transformer(cfg, rngs=nnx.Rngs(5))
+    untrained = _flat(nnx.state(fresh))
+    (tmp_path / "test").mkdir()  # run() makes the workdir before any mode
+    summary = score_model(str(tmp_path / "test"), fresh, tok, task, None)
+    reference, _ = score_test_split(out["rollout"], out["state"].params, task)
+  finally:
+    gin.clear_config()
+  for got, want, init in zip(_flat(nnx.state(fresh)), _flat(out["state"].params), untrained):
+    np.testing.assert_array_equal(got, want)
+  assert any(not np.array_equal(a, b) for a, b in zip(untrained, _flat(out["state"].params)))
+  assert summary["test"]["final"] == reference and 0 < reference["avg2"] < 1
+  written = json.loads((tmp_path / "test" / "test_eval.json").read_text())
+  assert written["final"] == reference and len(written["per_problem"]) == 4
+  assert load_trained(str(tmp_path / "run" / "checkpoints"), fresh, tok, None).endswith(
+      "checkpoints/2")
+  from evotrainer.config import ConfigError
+  with pytest.raises(ConfigError, match="no model export and no complete checkpoint"):
+    load_trained(str(tmp_path / "test"), fresh, tok, None)
+
+
 class ScriptedValidation(DigitShareTask):
   """DigitShareTask whose validation rows score by a script, one value per evaluation
   (its sampled call: problems x k rows; the greedy call reuses the value), so which
@@ -259,6 +294,31 @@ def test_launch_train_end_to_end(tmp_path, launch_caches):
     assert 0.0 <= summary[phase]["avg2"] <= summary[phase]["pass2"] <= 1.0
   assert (workdir / "operative_config.gin").read_text().count("train.steps = 2") == 1
   assert sorted(os.listdir(workdir / "checkpoints"))[-1] == "2"
+  # `test` mode re-scores the trained run from its operative config and checkpoint, as a
+  # user would, on twice the test problems: the first 8 are the run's own, with the same
+  # keys, so their scores are the ones the run reported (0 for this tiny policy: the
+  # values are checked in test_test_mode_scores_a_trained_run_as_the_run_scored_itself);
+  # the 8 after them are new.
+  rescored = tmp_path / "rescored"
+  proc = subprocess.run(
+      [sys.executable, "-m", "evotrainer.launch",
+       f"--gin_file={workdir / 'operative_config.gin'}", f"--workdir={rescored}",
+       "--gin_bindings=run.mode = 'test'", f"--gin_bindings=test.model = '{workdir}'",
+       "--gin_bindings=EvalConfig.num_test = 16"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert f"model from {workdir}/checkpoints/2" in proc.stdout
+  scores = json.loads((rescored / "test_eval.json").read_text())["per_problem"]
+  own = summary["test"]["per_problem"]
+  assert len(own) == 8 and len(scores) == 16
+  assert {k: scores[k] for k in own} == own
+  # A model that is not there is a config error, before anything is scored.
+  proc = subprocess.run(
+      [sys.executable, "-m", "evotrainer.launch",
+       f"--gin_file={workdir / 'operative_config.gin'}", f"--workdir={tmp_path / 'none'}",
+       "--gin_bindings=run.mode = 'test'", f"--gin_bindings=test.model = '{tmp_path}/nope'"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 2 and "error (config): test.model=" in proc.stderr
 
 
 def test_bad_gin_binding_is_a_clear_error(tmp_path):
