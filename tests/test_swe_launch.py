@@ -170,6 +170,23 @@ def test_swe_smol_evolve_gin_evolves_the_warm_started_code_edit_policy(parsed):
   # The root branch carries the warm start and two evaluations before its 4 RL steps, over
   # 30 minutes on a 2-core CPU (the default limit timed it out); 2 hours at least.
   assert gin.query_parameter("evolve.branch_timeout_s") >= 2 * 3600
+  # The incumbent's SWE behaviour is diagnosed, and each finding has a change to try.
+  from evotrainer.evolution.proposers import CATALOG
+  # (instances: each reference called, as the controller does)
+  names = {d.scoped_configurable_fn().name for d in gin.query_parameter("evolve.diagnostics")}
+  assert {"first_edit_turn", "echo_trap_rate", "dead_group_ratio"} <= names
+  assert {"first_edit_turn", "echo_trap_rate"} <= set(CATALOG)
+  import random
+  from evotrainer.evolution.proposers import propose
+  space = gin.query_parameter("evolve.space").scoped_configurable_fn()
+  never_edit = [{"kind": "first_edit_turn", "severity": 0.8,
+                 "message": "0.850 of episodes never edit (> 0.5)"}]
+  first = propose("skills", findings=never_edit, values=space.current_values(), space=space,
+                  skills=None, rng=random.Random(0), k=1)[0]
+  # the reward part that pays a change passing some failing tests, aimed at the finding
+  assert (first.source, first.finding) == ("catalog", "first_edit_turn")
+  assert first.intervention.description.startswith("RewardComposer.parts: add 'partial'")
+  assert "0.850 of episodes never edit" in first.statement
 
 
 @pytest.mark.slow

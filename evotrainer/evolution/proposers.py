@@ -90,6 +90,25 @@ CATALOG: dict = {
                         "once a rollout ends at the fence that closes it"),
                        ("max_new_tokens", None, "fewer completions cut at the limit"),
                        ("trajectory_filters", ("add",), "truncated rows stop training")],
+    # The SWE domain's checks of tool use (tasks/swe/diagnostics.py).
+    "first_edit_turn": [("RewardComposer.parts['partial']", ("add",), "more episodes "
+                         "change the code once a change that passes some of the failing "
+                         "tests pays (partial)"),
+                        ("RewardComposer.parts['tool_validity']", ("add",), "more episodes "
+                         "reach an edit that applies once calls that run pay "
+                         "(tool_validity)"),
+                        ("temperature", None, "more episodes reach an edit that applies "
+                         "at another sampling temperature")],
+    "echo_trap_rate": [("temperature", None, "fewer episodes repeat one call at another "
+                        "sampling temperature"),
+                       ("RewardComposer.parts['tool_validity']", ("add",), "fewer repeated "
+                        "failing calls once calls that run pay (tool_validity)")],
+    "tool_mix": [("RewardComposer.parts['tested_before_submit']", ("add",), "calls spread "
+                  "over more tools once running the tests before submitting pays"),
+                 ("temperature", None, "calls spread over more tools at another sampling "
+                  "temperature")],
+    "tool_streak": [("temperature", None, "shorter same-tool loops at another sampling "
+                     "temperature")],
     "proxy_true_disagreement": [("RewardComposer.parts", ("remove",), "the proxy and BC "
                                  "agree again once the gameable part is gone")],
     "bc": [("learning_rate", None, "BC moves with a different step size"),
