@@ -20,7 +20,7 @@ from evotrainer import run as run_lib
 from evotrainer.modes import branch as branch_mode
 from evotrainer.modes import evolve as evolve_mode
 from evotrainer import train as train_lib
-from evotrainer.eval.heldout import EvalConfig, evaluate_test_split
+from evotrainer.eval.heldout import EvalConfig, evaluate_test_split, score_test_split
 from evotrainer.evolution.ledger.mirror import open_ledger
 from evotrainer.model.config import ModelConfig
 from evotrainer.rollouts.generation import Generation
@@ -206,6 +206,10 @@ def test_test_evaluation_against_figures_by_hand():
   assert [c for c in rollout.calls if c[2]] == [("params", 1, True)]
   assert evaluate_test_split(rollout, "params", task, EvalConfig(num_test=0)) == ({}, {})
   assert task.splits == ["test"] and len(rollout.calls) == 4  # num_test 0: nothing sampled
+  seen = []  # progress after each sampled batch: 2, 4, then 5 of 5 problems
+  assert score_test_split(ScriptedRollout(task), "params", task, cfg,
+                          progress=lambda d, t: seen.append((d, t)))[0] == figures
+  assert seen == [(2, 5), (4, 5), (5, 5)]
 
 
 # ------------------------------------------------------------------ branch mode

@@ -11,7 +11,7 @@ its canaries greedily (`canary_evaluation`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import gin
 import jax
@@ -53,10 +53,11 @@ class EvalConfig:
 
 def evaluate(rollout: SingleTurnEngine, params, heldout: Sequence, cfg: EvalConfig,
              key: jax.Array, *, version: str = "v0", step: int = 0,
-             num_problems: Optional[int] = None,
-             split: str = "heldout") -> tuple[dict, list]:
+             num_problems: Optional[int] = None, split: str = "heldout",
+             progress: Optional[Callable[[int, int], None]] = None) -> tuple[dict, list]:
   """Held-out figures {'avg{k}', 'pass{k}', 'greedy', 'format'} and the sampled episodes
-  over the first `num_problems` (default `cfg.num_problems`) of `heldout`."""
+  over the first `num_problems` (default `cfg.num_problems`) of `heldout`; `progress(done,
+  total)` is called with the problems sampled so far after each batch."""
   problems = list(heldout[:cfg.num_problems if num_problems is None else num_problems])
   per = max(1, cfg.batch_rows // cfg.k)
   correct, fmt, episodes = [], [], []
@@ -69,6 +70,8 @@ def evaluate(rollout: SingleTurnEngine, params, heldout: Sequence, cfg: EvalConf
     fmt.append(gen.part("format"))
     episodes += gen.episodes(rollout.task, version=version, step=step, split=split,
                              group=cfg.k, first_row=len(episodes))
+    if progress is not None:
+      progress(i + len(chunk), len(problems))
   correct = np.concatenate(correct)
   greedy = []
   gp = SamplingParams(max_new_tokens=cfg.max_new_tokens, greedy=True)
@@ -104,7 +107,9 @@ def evaluate_test_split(rollout, params, task, eval_config=None) -> tuple[dict, 
   return figures, per_problem(episodes)
 
 
-def score_test_split(rollout, params, task, eval_config=None) -> tuple[dict, list]:
+def score_test_split(rollout, params, task, eval_config=None,
+                     progress: Optional[Callable[[int, int], None]] = None
+                     ) -> tuple[dict, list]:
   """Figures and episodes on the test split (`EvalConfig.num_test` problems, the
   evaluation's fixed keys); ({}, []) when `num_test` is 0.
 
@@ -116,7 +121,7 @@ def score_test_split(rollout, params, task, eval_config=None) -> tuple[dict, lis
     return {}, []
   problems = task.heldout_problems(cfg.num_test, split="test")
   return evaluate(rollout, params, problems, cfg, cfg.key(), split="test",
-                  num_problems=len(problems))
+                  num_problems=len(problems), progress=progress)
 
 
 def canary_evaluation(rollout, params, task, eval_config=None) -> tuple[dict, dict]:

@@ -18,6 +18,7 @@ summary's figures.
 from __future__ import annotations
 
 import pathlib
+import time
 from typing import Optional
 
 import gin
@@ -50,7 +51,12 @@ def score_model(workdir, model, tok, task, mesh) -> dict:
   vocab_limit = tok.vocab_size if tok.vocab_size < model.config.vocab_size else None
   rollout = rollout_for(task, tok, Sampler(model, pad_id=tok.pad_id, mesh=mesh,
                                            vocab_limit=vocab_limit))
-  figures, episodes = score_test_split(rollout, nnx.state(model), task)
+  start = time.time()
+
+  def progress(done: int, total: int) -> None:
+    say(f"[test] sampled {done}/{total} problems ({time.time() - start:.0f}s)")
+
+  figures, episodes = score_test_split(rollout, nnx.state(model), task, progress=progress)
   scores = per_problem(episodes)
   write_test_scores(workdir, "test", figures, scores)
   say("[test] " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()) +
