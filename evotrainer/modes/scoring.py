@@ -41,6 +41,7 @@ def score_model(workdir, model, tok, task, mesh) -> dict:
   from evotrainer.eval.test_scores import write_test_scores
   from evotrainer.rollouts.multiturn import rollout_for
   from evotrainer.sampling import Sampler
+  from evotrainer.sharding.multihost import is_primary
 
   source = model_under_test()
   if source is not None:
@@ -58,7 +59,8 @@ def score_model(workdir, model, tok, task, mesh) -> dict:
 
   figures, episodes = score_test_split(rollout, nnx.state(model), task, progress=progress)
   scores = per_problem(episodes)
-  write_test_scores(workdir, "test", figures, scores)
+  if is_primary():  # process 0 writes the files of a multi-process run
+    write_test_scores(workdir, "test", figures, scores)
   say("[test] " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()) +
       f" on {len(scores)} test problems")
   out = {"test": {"final": figures, "per_problem": scores}, "model_source": source}
