@@ -4,7 +4,10 @@ A reward part, filter or estimator change (`is_harness_side`) can be judged befo
 training: the incumbent's stored training steps are replayed under the harness before and
 after the change (harness/replay.py). `harness_backtester` turns that replay into the
 controller's `backtester`: a verdict with the criterion's numbers, or None when there is
-nothing stored to replay.
+nothing stored to replay. `on_target` then fails a change that is harmless but misses
+what it is aimed at: a reward part proposed for dead groups that rescues too few of them
+on the stored steps would train a branch that differs from its parent by nothing the
+finding asked for.
 """
 
 from __future__ import annotations
@@ -62,4 +65,27 @@ def harness_backtester(harness_builder: Callable[[Mapping], Any],
   return run
 
 
-__all__ = ["HARNESS_GROUPS", "HARNESS_PREFIXES", "harness_backtester", "is_harness_side"]
+# A reward-part change aimed at dead groups (a `dead_group_ratio` finding) must rescue at
+# least this share of the dead groups on the incumbent's stored steps (the seed skill
+# dead_groups_add_partial_credit's criterion: "at least a quarter").
+MIN_RESCUED_SHARE = 0.25
+
+
+def on_target(bt: Optional[dict], finding: Optional[str], iv: Intervention) -> Optional[dict]:
+  """`bt`, failed when the change is aimed at dead groups (`finding` 'dead_group_ratio',
+  a `RewardComposer.parts` change) and rescues fewer than MIN_RESCUED_SHARE of the dead
+  groups the backtest replayed; unchanged otherwise (None stays None: not backtested)."""
+  if (bt is None or finding != "dead_group_ratio" or iv.binding != "RewardComposer.parts"
+      or not bt.get("dead_before") or "rescued" not in bt):
+    return bt
+  need = math.ceil(MIN_RESCUED_SHARE * bt["dead_before"])
+  if bt["rescued"] >= need:
+    return bt
+  miss = (f"aimed at dead groups, it rescues {bt['rescued']} of the {bt['dead_before']} "
+          f"stored (at least {need})")
+  why = miss if bt.get("passed", True) else f"{bt.get('why', '')}; {miss}"
+  return {**bt, "passed": False, "why": why}
+
+
+__all__ = ["HARNESS_GROUPS", "HARNESS_PREFIXES", "MIN_RESCUED_SHARE", "harness_backtester",
+           "is_harness_side", "on_target"]

@@ -20,7 +20,7 @@ import math
 import random
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from evotrainer.evolution.backtest import is_harness_side
+from evotrainer.evolution.backtest import is_harness_side, on_target
 from evotrainer.evolution.ledger import VersionRecord
 from evotrainer.evolution.promotion import REFUTED
 from evotrainer.evolution.proposers import Hypothesis, propose
@@ -118,11 +118,13 @@ class Proposal:
 
   def backtest(self, h: Hypothesis, r: BranchResult, vid: str,
                values: Mapping) -> Optional[dict]:
-    """The backtester's verdict on a harness-side hypothesis (None: not backtested)."""
+    """The backtester's verdict on a harness-side hypothesis (None: not backtested),
+    failed too when the change misses the finding it is aimed at (`on_target`)."""
     if self.backtester is None or not is_harness_side(h.intervention, h.group):
       return None
-    return self.backtester(r.rollouts, vid, values, self.space.apply(values, h.intervention),
-                           h.intervention)
+    bt = self.backtester(r.rollouts, vid, values, self.space.apply(values, h.intervention),
+                         h.intervention)
+    return on_target(bt, h.finding, h.intervention)
 
   def rank_by_proxy(self, hyps: Sequence[Hypothesis], r: BranchResult,
                     vid: str) -> tuple[list, dict]:

@@ -207,6 +207,56 @@ def test_backtest_failure_drops_intervention(tmp_path):
   assert len(trainer.calls) == 1 + 4 + 1  # the root, 4 branches, the control
 
 
+def test_a_reward_part_aimed_at_dead_groups_that_rescues_too_few_is_not_trained(tmp_path):
+  """`on_target` (backtest.py): a harmless reward-part change proposed for dead groups
+  must rescue at least a quarter of the stored dead groups, ceil(0.25 * 10) = 3 here;
+  a filter aimed at them, or a change aimed at another finding, is judged by the
+  backtester alone."""
+  from evotrainer.evolution.proposal import Proposal
+  from evotrainer.evolution.proposers import Hypothesis
+  from evotrainer.evolution.search_space import ComponentListKnob, Intervention
+  rescued = {}
+
+  def backtester(store_root, version, before, after, iv):
+    return {"passed": True, "why": "criterion met", "dead_before": 10,
+            "rescued": rescued[iv.binding]}
+
+  class Results:
+    def values(self, vid):
+      return {**VALUES, "Harness.group_filters": []}
+
+  partial = Intervention("RewardComposer.parts", {"correct": 1.0},
+                         {"correct": 1.0, "partial": 0.3}, kind="add", key="partial")
+  drop = Intervention("Harness.group_filters", [], ["@DropZeroVarianceGroups()"],
+                      kind="add", key="drop_dead")
+  hyp = lambda iv, finding: Hypothesis(iv, "s", "c", "catalog", "reward", None, finding)
+  sp = SearchSpace([DictWeightKnob("RewardComposer.parts", "partial", 0.1, 1.0, initial=0.3),
+                    ComponentListKnob("Harness.group_filters",
+                                      {"drop_dead": "@DropZeroVarianceGroups()"},
+                                      group="filter")])
+  ledger = Ledger(tmp_path / "ledger.sqlite")
+  ledger.add_version("v0", status="kept")
+  proposal = Proposal(ledger, sp, None, Results(), backtester, proposer="skills",
+                      branches=3, seed=0)
+  r = BranchResult(version="v0", checkpoint="", final={}, initial={}, per_problem={},
+                   series={}, rollouts="", steps=0, workdir="")
+  rescued.update({"RewardComposer.parts": 2, "Harness.group_filters": 0})
+  branches, dropped = proposal.select(1, [hyp(partial, "dead_group_ratio"),
+                                          hyp(drop, "dead_group_ratio"),
+                                          hyp(partial, "first_edit_turn")], r, "v0", {})
+  assert dropped == ["g1-d0"]
+  d = ledger.decisions()[0]
+  assert d.outcome == "dropped" and d.backtest["passed"] is False
+  assert d.why == ("backtest failed: aimed at dead groups, it rescues 2 of the 10 stored "
+                   "(at least 3)")
+  assert [b["hypothesis"]["finding"] for b in branches] == ["dead_group_ratio",
+                                                            "first_edit_turn"]
+  assert [b["backtest"]["passed"] for b in branches] == [True, True]
+  rescued["RewardComposer.parts"] = 3  # a quarter, rounded up: trained
+  branches, dropped = proposal.select(2, [hyp(partial, "dead_group_ratio")], r, "v0", {})
+  assert dropped == [] and branches[0]["backtest"]["why"] == "criterion met"
+
+
 # ------------------------------------------------------------------ escalation
 
 
