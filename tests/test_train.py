@@ -107,11 +107,11 @@ def test_test_mode_scores_a_trained_run_as_the_run_scored_itself(setup, tmp_path
   assert summary["test"]["final"] == reference and 0 < reference["avg2"] < 1
   written = json.loads((tmp_path / "test" / "test_eval.json").read_text())
   assert written["final"] == reference and len(written["per_problem"]) == 4
-  assert load_trained(str(tmp_path / "run" / "checkpoints"), fresh, tok, None).endswith(
+  assert load_trained(str(tmp_path / "run" / "checkpoints"), fresh, None).endswith(
       "checkpoints/2")
   from evotrainer.config import ConfigError
   with pytest.raises(ConfigError, match="no model export and no complete checkpoint"):
-    load_trained(str(tmp_path / "test"), fresh, tok, None)
+    load_trained(str(tmp_path / "test"), fresh, None)
 
 
 class ScriptedValidation(DigitShareTask):

@@ -45,7 +45,7 @@ def score_model(workdir, model, tok, task, mesh) -> dict:
 
   source = model_under_test()
   if source is not None:
-    say(f"[test] model from {load_trained(source, model, tok, mesh)}")
+    say(f"[test] model from {load_trained(source, model, mesh)}")
   if EvalConfig().num_test <= 0:
     raise ConfigError("run.mode='test' scores EvalConfig.num_test test problems; it is 0 "
                       "(set e.g. EvalConfig.num_test = 64)")
@@ -69,7 +69,7 @@ def score_model(workdir, model, tok, task, mesh) -> dict:
   return out
 
 
-def load_trained(source: str, model, tok, mesh) -> str:
+def load_trained(source: str, model, mesh) -> str:
   """Loads the parameters `source` names into `model` (see the module docstring);
   returns what was read."""
   from evotrainer import checkpoint
@@ -82,15 +82,14 @@ def load_trained(source: str, model, tok, mesh) -> str:
     checkpoint.restore_params_into(path, model)
     return str(path)
   if path.is_dir():
-    return _load_train_state(path, model, tok, mesh)
+    return _load_train_state(path, model, mesh)
   raise ConfigError(f"test.model={source!r}: no such directory (expected a model export, "
                     f"a run directory or its checkpoints/)")
 
 
-def _load_train_state(directory: pathlib.Path, model, tok, mesh) -> str:
+def _load_train_state(directory: pathlib.Path, model, mesh) -> str:
   """The parameters of a `train` run's newest intact checkpoint: the state the run ended
   on (with `train.keep_best`, its best validated one, which the last checkpoint holds)."""
-  import jax
   from flax import nnx
 
   from evotrainer.checkpoint import Checkpoints
@@ -100,10 +99,9 @@ def _load_train_state(directory: pathlib.Path, model, tok, mesh) -> str:
   if ckpts.latest_step() is None:
     raise ConfigError(f"test.model: {directory} holds no model export and no complete "
                       f"checkpoint")
-  vocab_limit = tok.vocab_size if tok.vocab_size < model.config.vocab_size else None
-  state = Learner(model, mesh, vocab_limit=vocab_limit).init_state(nnx.state(model))
-  target = {"state": jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)}
-  step, restored, _ = ckpts.restore_latest_intact(target=target)
+  # A fresh train state of the run's learner is the layout to restore into (its arrays'
+  # shapes and shardings: `Checkpoints.restore`).
+  state = Learner(model, mesh).init_state(nnx.state(model))
+  step, restored, _ = ckpts.restore_latest_intact(target={"state": state})
   nnx.update(model, restored["state"].params)
   return f"{directory}/{step}"
