@@ -462,6 +462,9 @@ class Promotion:
                               f"{x['avg8']:.4f} against "
                               f"{x['parent_avg8']:.4f} of {parent} ({ci})"),
         "worse_beyond_noise": lambda: f"worse beyond noise: {ci}{cci}",
+        "behind_on_mean": lambda: (f"not ahead on the validation mean "
+                                   f"(keep_on={self.config.keep_on!r}), within noise: "
+                                   f"{ci}{cci}"),
         "below_parent": lambda: f"beats the control beyond noise but not {parent}: {ci}{cci}",
         "not_beyond_noise_corrected": lambda: (
             f"not beyond noise after the Holm correction over {k} branches (p={p:.4f}): "
@@ -476,8 +479,9 @@ class Promotion:
 
   def _verdict(self, x: Mapping, best: Optional[Mapping]) -> str:
     """One of kept, continued, control, better_not_best, validator, inert, collapsed,
-    worse_beyond_noise, below_parent, not_beyond_noise_corrected, not_beyond_noise. The
-    reference of a branch is the control when there is one, else the parent."""
+    worse_beyond_noise, below_parent, behind_on_mean (`keep_on` 'mean' / 'not_worse'),
+    not_beyond_noise_corrected, not_beyond_noise. The reference of a branch is the control
+    when there is one, else the parent."""
     if x["failed"]:
       return "validator"
     if x.get("inert"):
@@ -495,6 +499,8 @@ class Promotion:
       return "worse_beyond_noise"
     if ref["lo"] > 0 and x["holm"]:
       return "below_parent"
+    if self.config.keep_on in ("mean", "not_worse"):
+      return "behind_on_mean"  # the weak rules decide on the mean, not on the interval
     return "not_beyond_noise_corrected" if ref["lo"] > 0 else "not_beyond_noise"
 
   # ---------------------------------------------------------------- a suspect incumbent

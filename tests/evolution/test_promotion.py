@@ -106,7 +106,10 @@ def test_keep_on_mean_keeps_a_gain_inside_the_noise_and_records_only_its_effect(
       assert h["effect"] == {**{k: pytest.approx(v.heldout[k]) for k in ("diff", "lo", "hi")},
                              "against": "control"}
     else:
-      assert v.status == "rejected" and v.heldout["verdict"] == "not_beyond_noise"
+      # Rejected on the rule that decided it: the mean, not the interval.
+      assert v.status == "rejected" and v.heldout["verdict"] == "behind_on_mean"
+      assert v.reason.startswith("not ahead on the validation mean (keep_on='mean'), "
+                                 "within noise")
       assert ledger.incumbent().id == "v0" and _learned(tmp_path, name) == []
 
 
@@ -126,6 +129,8 @@ def test_keep_on_not_worse_keeps_a_tie_that_mean_rejects(tmp_path):
     assert v.heldout["diff"] == (0.0 if shift is tie else -0.0625)
     assert (v.status == "kept") is kept, (name, v.reason)
     assert ledger.incumbent().id == ("v1.0" if kept else "v0")
+    if name == "mean":
+      assert v.heldout["verdict"] == "behind_on_mean"
     if kept:
       assert v.reason.startswith("kept on the mean (keep_on='not_worse'), not beyond noise")
       assert _learned(tmp_path, name) == []
