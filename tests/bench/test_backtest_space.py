@@ -1,0 +1,64 @@
+"""bench/backtest_space.py: every harness-side change of a space replayed on stored steps,
+its dead-group rescues against a count by hand from the stored episodes."""
+
+import pytest
+
+from bench import backtest_space
+from bench.replay import build_store
+from evotrainer.evolution.backtest import harness_backtester
+from evotrainer.evolution.knobs import ChoiceKnob, DictWeightKnob, FloatKnob
+from evotrainer.evolution.search_space import SearchSpace
+from evotrainer.harness.pipeline import Harness
+from evotrainer.harness.rewards import RewardComposer
+
+PARTS = "RewardComposer.parts"
+
+
+def _builder(values):
+  return Harness(composer=RewardComposer(parts=dict(values[PARTS])))
+
+
+def _by_hand(store, weight: float, key: str) -> tuple[int, int]:
+  """(dead groups under 'correct' alone, those whose rewards differ once `key` is added
+  at `weight`), over every stored step and group."""
+  dead = rescued = 0
+  for step in store.steps("v0", "train"):
+    groups: dict = {}
+    for e in store.read_step("v0", step, "train").episodes:
+      groups.setdefault(e.group_id, []).append(e.reward_parts)
+    for parts in groups.values():
+      if len({p["correct"] for p in parts}) == 1:
+        dead += 1
+        rescued += len({p["correct"] + weight * p[key] for p in parts}) > 1
+  return dead, rescued
+
+
+def test_each_reward_part_rescues_what_the_stored_episodes_say(tmp_path):
+  store = build_store(str(tmp_path / "rollouts"), steps=3, groups=8, group_size=4)
+  space = SearchSpace([
+      DictWeightKnob(PARTS, "partial", 0.1, 0.9),  # wrong answers' closeness: varies
+      DictWeightKnob(PARTS, "format", 0.1, 0.9),  # 1.0 on every row: rescues nothing
+      FloatKnob("SamplingParams.temperature", 0.7, 1.3, group="hyper"),  # not replayable
+      ChoiceKnob("Harness.estimator", ["grpo", "rloo"], group="estimator")])
+  values = {PARTS: {"correct": 1.0}, "SamplingParams.temperature": 1.0,
+            "Harness.estimator": "grpo"}
+  rows = backtest_space.backtest_all(str(tmp_path / "rollouts"), "v0", space, values,
+                                     harness_backtester(_builder))
+  by = {r["change"]: r for r in rows}
+  assert list(by) == ["RewardComposer.parts: add 'partial' = 0.5",
+                      "RewardComposer.parts: add 'format' = 0.5",
+                      "Harness.estimator: 'grpo' -> 'rloo'"]  # no temperature row
+  dead, rescued = _by_hand(store, 0.5, "partial")
+  assert 0 < rescued < dead  # the store has both kinds of dead group
+  partial, fmt = by["RewardComposer.parts: add 'partial' = 0.5"], by[
+      "RewardComposer.parts: add 'format' = 0.5"]
+  assert (partial["dead_before"], partial["rescued"]) == (dead, rescued)
+  assert (fmt["dead_before"], fmt["rescued"]) == (dead, 0)
+  assert partial["on_target_dead_groups"] is (rescued >= -(-dead // 4))
+  assert fmt["on_target_dead_groups"] is False and fmt["passed"] is True
+  assert by["Harness.estimator: 'grpo' -> 'rloo'"]["on_target_dead_groups"] is None
+
+
+def test_a_missing_ledger_or_version_is_a_clear_error(tmp_path):
+  with pytest.raises(SystemExit, match="no ledger.sqlite"):
+    backtest_space.version_values(str(tmp_path), "v0")
