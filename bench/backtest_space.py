@@ -35,7 +35,7 @@ def version_values(run: str, version: str) -> dict:
   if not ledger_exists(run):
     raise SystemExit(f"error: no ledger.sqlite in {run}")
   with open_ledger(run) as ledger:
-    if ledger.version(version) is None:
+    if not ledger.has_version(version):
       raise SystemExit(f"error: {run} has no version {version!r}")
     out: dict = {}
     for v in reversed(ledger.lineage(version)):

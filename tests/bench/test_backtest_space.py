@@ -62,3 +62,46 @@ def test_each_reward_part_rescues_what_the_stored_episodes_say(tmp_path):
 def test_a_missing_ledger_or_version_is_a_clear_error(tmp_path):
   with pytest.raises(SystemExit, match="no ledger.sqlite"):
     backtest_space.version_values(str(tmp_path), "v0")
+
+
+SPACE_GIN = """
+evolve.space = @SearchSpace()
+SearchSpace.knobs = [@partial/DictWeightKnob(), @format/DictWeightKnob()]
+partial/DictWeightKnob.binding = 'RewardComposer.parts'
+partial/DictWeightKnob.key = 'partial'
+partial/DictWeightKnob.low = 0.1
+partial/DictWeightKnob.high = 0.9
+format/DictWeightKnob.binding = 'RewardComposer.parts'
+format/DictWeightKnob.key = 'format'
+format/DictWeightKnob.low = 0.1
+format/DictWeightKnob.high = 0.9
+RewardComposer.parts = {'correct': 1.0, 'format': 0.3}
+"""
+
+
+def test_main_replays_the_version_of_the_ledger_as_the_run_configured_it(tmp_path):
+  """Through the command line: the version's values come from the ledger (it holds no
+  `format`, which the gin file's default has), so both parts are proposed as adds."""
+  import gin
+  import json
+  from evotrainer.evolution.ledger.mirror import open_ledger
+  run = tmp_path / "run"
+  store = build_store(str(run / "versions" / "v0" / "rollouts"), steps=2, groups=8,
+                      group_size=4, seed=3)
+  with open_ledger(str(run)) as ledger:
+    ledger.add_version("v0", bindings={PARTS: {"correct": 1.0}})
+  (tmp_path / "space.gin").write_text(SPACE_GIN)
+  out = tmp_path / "out.json"
+  try:
+    backtest_space.main(["--run", str(run), "--gin_file", str(tmp_path / "space.gin"),
+                         "--json", str(out)])
+  finally:
+    gin.clear_config()
+  rows = {r["change"]: r for r in json.loads(out.read_text())["changes"]}
+  assert set(rows) == {"RewardComposer.parts: add 'partial' = 0.5",
+                       "RewardComposer.parts: add 'format' = 0.5"}
+  dead, rescued = _by_hand(store, 0.5, "partial")
+  assert rows["RewardComposer.parts: add 'partial' = 0.5"]["rescued"] == rescued > 0
+  assert rows["RewardComposer.parts: add 'format' = 0.5"]["dead_before"] == dead
+  with pytest.raises(SystemExit, match="no version 'v9'"):
+    backtest_space.version_values(str(run), "v9")
