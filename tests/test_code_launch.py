@@ -123,7 +123,8 @@ def test_the_pretrained_code_configs_parse_and_say_what_they_run(parsed):
   found = [Finding(kind, "behaviour", 0.5, 0.5, 0.2, "") for kind in (
       "prose_rate", "broken_fence", "syntax_error_rate", "wrong_name_rate", "runaway_length")]
   hyps = skill_hypotheses(found, values, space, None)
-  assert {h.finding for h in hyps} == {f.kind for f in found}
+  # (a change that answers several findings is proposed once and cites them all)
+  assert {k for h in hyps for k in (h.finding, *h.also)} == {f.kind for f in found}
   # Runaway length's first change is the stop rule at the block's closing fence.
   runaway = [h.intervention for h in hyps if h.finding == "runaway_length"]
   assert values["SamplingParams.stop_rule"] == ""

@@ -128,6 +128,7 @@ class Hypothesis:
   group: str = ""  # the knob's group: the layer the change acts on
   skill: Optional[str] = None
   finding: Optional[str] = None  # the finding kind it addresses
+  also: tuple = ()  # further finding kinds the same change answers (the catalog's)
 
   @property
   def is_subtraction(self) -> bool:
@@ -136,13 +137,14 @@ class Hypothesis:
   def to_dict(self) -> dict:
     return {"intervention": self.intervention.to_dict(), "statement": self.statement,
             "criterion": self.criterion, "source": self.source, "group": self.group,
-            "skill": self.skill, "finding": self.finding}
+            "skill": self.skill, "finding": self.finding, "also": list(self.also)}
 
   @classmethod
   def from_dict(cls, d: Mapping) -> "Hypothesis":
     return cls(intervention=Intervention.from_dict(d["intervention"]),
                statement=d["statement"], criterion=d["criterion"], source=d["source"],
-               group=d.get("group", ""), skill=d.get("skill"), finding=d.get("finding"))
+               group=d.get("group", ""), skill=d.get("skill"), finding=d.get("finding"),
+               also=tuple(d.get("also", ())))
 
 
 DEFAULT_CRITERION = ("held-out Avg@8 above the incumbent beyond noise (paired bootstrap "
@@ -197,6 +199,13 @@ def skill_hypotheses(findings: Sequence, values: Mapping, space: SearchSpace,
     out.append(Hypothesis(iv, f"change {iv.description}, expect {s.expected_outcome} "
                               f"because skill {s.name}: {s.description}",
                           s.validation_criterion, "skill", _group(space, iv), s.name, kind))
+  return out + _catalog_hypotheses(findings, values, space)
+
+
+def _catalog_hypotheses(findings: Sequence, values: Mapping, space: SearchSpace) -> list:
+  """The catalog's entries for each finding (most severe first). A change that answers
+  several findings is proposed once, at the most severe one's rank, and cites them all."""
+  out, at = [], {}
   for f in sorted((f for f in findings if _sev(f) > 0), key=lambda f: (-_sev(f), _kind(f))):
     kind = _kind(f)
     message = f.get("message") if isinstance(f, Mapping) else getattr(f, "message", "")
@@ -208,11 +217,17 @@ def skill_hypotheses(findings: Sequence, values: Mapping, space: SearchSpace,
           cands = knob.candidates(values)
         except SearchSpaceError:
           continue
-        for iv in cands:
-          if _wanted(iv, kinds):
+        for iv in (iv for iv in cands if _wanted(iv, kinds)):
+          j = at.get(iv.id)
+          if j is None:
+            at[iv.id] = len(out)
             out.append(Hypothesis(iv, f"change {iv.description}, expect {expect}, because "
                                       f"{kind}: {message}", DEFAULT_CRITERION, "catalog",
                                   knob.group, None, kind))
+          elif kind != out[j].finding and kind not in out[j].also:
+            out[j] = dataclasses.replace(
+                out[j], statement=f"{out[j].statement}; and {kind}: {message} (expect "
+                                  f"{expect})", also=(*out[j].also, kind))
   return out
 
 

@@ -41,3 +41,26 @@ def test_runaway_length_turns_the_stop_rule_on_and_never_off():
   hyps = skill_hypotheses(runaway, on, space, None)
   assert hyps and all(h.intervention.binding == "SamplingParams.max_new_tokens"
                       for h in hyps)
+
+
+def test_a_change_that_answers_two_findings_is_proposed_once_and_cites_both():
+  """`tool_validity` answers dead groups (any reward part) and episodes that never edit
+  (the SWE catalog): one hypothesis, at the more severe finding's rank, citing both;
+  `partial` answers both too; `format` only the dead groups."""
+  from evotrainer.evolution.knobs import DictWeightKnob
+  parts = "RewardComposer.parts"
+  space = SearchSpace([DictWeightKnob(parts, "partial", 0.1, 0.9),
+                       DictWeightKnob(parts, "format", 0.1, 0.9),
+                       DictWeightKnob(parts, "tool_validity", 0.1, 0.9)])
+  findings = [Finding("first_edit_turn", "behaviour", 0.4, 0.53, 0.5, "0.53 never edit"),
+              Finding("dead_group_ratio", "signal", 0.9, 0.62, 0.5, "10 of 16 dead")]
+  hyps = skill_hypotheses(findings, {parts: {"correct": 1.0}}, space, None)
+  keys = [h.intervention.key for h in hyps]
+  assert keys == ["partial", "format", "tool_validity"]  # each once, in the DGR entry's order
+  assert {h.finding for h in hyps} == {"dead_group_ratio"}
+  by = {h.intervention.key: h.statement for h in hyps}
+  for key in ("partial", "tool_validity"):
+    assert "because dead_group_ratio: 10 of 16 dead" in by[key]
+    assert "; and first_edit_turn: 0.53 never edit" in by[key]
+  assert "first_edit_turn" not in by["format"]
+  assert [h.also for h in hyps] == [("first_edit_turn",), (), ("first_edit_turn",)]
