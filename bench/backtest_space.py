@@ -30,17 +30,16 @@ KEEP = ("dead_before", "rescued", "newly_dead", "violations", "pairs", "correct"
 
 
 def version_values(run: str, version: str) -> dict:
-  """{binding: value} of `version`: its lineage's bindings in the run's ledger."""
+  """{binding: value} of `version`: its lineage's bindings in the run's ledger, as the
+  controller reads them (`Results.values`)."""
   from evotrainer.evolution.ledger.mirror import ledger_exists, open_ledger
+  from evotrainer.evolution.results import Results
   if not ledger_exists(run):
     raise SystemExit(f"error: no ledger.sqlite in {run}")
   with open_ledger(run) as ledger:
     if not ledger.has_version(version):
       raise SystemExit(f"error: {run} has no version {version!r}")
-    out: dict = {}
-    for v in reversed(ledger.lineage(version)):
-      out.update(v.bindings)
-  return out
+    return Results(ledger).values(version)
 
 
 def harness_side(space, values) -> list:
