@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from evotrainer import lifetime
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -158,10 +160,11 @@ def write_json(path: str | None, payload: dict) -> None:
 def launch_run(gin_files: list, bindings: list, workdir: pathlib.Path,
                log: pathlib.Path) -> dict:
   """`python -m evotrainer.launch` in a child process (its output to `log`); the run's
-  summary.json. Raises with the log's path when the run fails."""
+  summary.json. Raises with the log's path when the run fails. The child ends with this
+  process (`lifetime`): a killed benchmark leaves no run going on in its workdir."""
   cmd = [sys.executable, "-m", "evotrainer.launch", f"--workdir={workdir}",
          *(f"--gin_file={g}" for g in gin_files), *(f"--gin_bindings={b}" for b in bindings)]
-  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", ""))
+  env = lifetime.child_env(dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "")))
   with open(log, "w") as f:
     proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
   if proc.returncode != 0:

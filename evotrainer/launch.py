@@ -32,7 +32,9 @@ gs://: their branches' checkpoints are written by every process).
 Known failures (configuration, data, checkpoint, ledger, disk, permissions, memory,
 workdir lock or fingerprint) end with one line `error (<kind>): ...` and exit code 2.
 The workdir is locked for the run's life (a second process stops naming the holder) and
-its configuration fingerprinted (evotrainer/workdir.py).
+its configuration fingerprinted (evotrainer/workdir.py). A run started by an evolution's
+controller or a benchmark (`EVOTRAINER_PARENT_PID` in its environment) ends when that
+process ends, however it ends (evotrainer/lifetime.py).
 
 Modes (`run.mode`):
   sample   build the policy (tiny model from scratch or a local HF checkpoint), sample
@@ -49,6 +51,8 @@ import pathlib
 import sys
 
 from absl import app, flags
+
+from evotrainer import lifetime
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", [], "gin files, parsed in order.")
@@ -265,6 +269,7 @@ def main(argv) -> None:
 
 
 def run_main() -> None:
+  lifetime.die_with_launcher()  # started by a controller or a benchmark: end with it
   app.run(main)
 
 

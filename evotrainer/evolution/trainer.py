@@ -21,6 +21,7 @@ import sys
 import time
 from typing import Callable, Optional, Protocol, Sequence
 
+from evotrainer import lifetime
 from evotrainer.evolution.branch_result import FILE_NAME, BranchResult
 
 
@@ -132,13 +133,15 @@ def run_child(cmd: Sequence[str], log_path: os.PathLike, *, env: dict, timeout_s
   Returns:
     its exit code (negative: the signal), 'timeout' when it ran past `timeout_s`, or
     'stopped' when `stop()` (asked every `poll_s` seconds) turned true first; the child
-    is killed in both cases, and when the caller is interrupted.
+    is killed in both cases, and when the caller is interrupted. An EvoTrainer child
+    (`evotrainer.launch`) also ends when this process is killed (`lifetime`).
   """
   deadline = time.monotonic() + timeout_s
   with open(log_path, "ab") as log:
     log.write(("$ " + " ".join(cmd) + "\n").encode())
     log.flush()
-    proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT,
+                            env=lifetime.child_env(env))
     try:
       while True:
         left = deadline - time.monotonic()

@@ -27,6 +27,7 @@ import time
 import weakref
 from typing import Callable, Optional, Sequence
 
+from evotrainer import lifetime
 from evotrainer.tasks.answers import VerifyResult, fast_verdict
 
 log = logging.getLogger(__name__)
@@ -61,12 +62,8 @@ def _worker_main(fd: int, verify_fn: str, parent_pid: int) -> None:
 
   Started as `python -c` by `VerifierPool`; replies `(correct, reason)` per pair.
   """
-  try:  # Linux: die with the parent even while hung inside verify_fn.
-    import ctypes  # pylint: disable=import-outside-toplevel
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-  except Exception:  # pylint: disable=broad-except
-    pass
-  if os.getppid() != parent_pid:  # the parent died before prctl took effect
+  # Die with the parent even while hung inside verify_fn.
+  if not lifetime.die_with_parent(parent_pid, signal.SIGKILL):
     return
   logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled" noise
   conn = mp_connection.Connection(fd)
