@@ -209,26 +209,34 @@ def _catalog_hypotheses(findings: Sequence, values: Mapping, space: SearchSpace)
   for f in sorted((f for f in findings if _sev(f) > 0), key=lambda f: (-_sev(f), _kind(f))):
     kind = _kind(f)
     message = f.get("message") if isinstance(f, Mapping) else getattr(f, "message", "")
-    for sub, kinds, expect in CATALOG.get(kind, ()):
-      for knob in space.knobs:
-        if sub.lower() not in (knob.name if "[" in sub else knob.binding).lower():
-          continue
-        try:
-          cands = knob.candidates(values)
-        except SearchSpaceError:
-          continue
-        for iv in (iv for iv in cands if _wanted(iv, kinds)):
-          j = at.get(iv.id)
-          if j is None:
-            at[iv.id] = len(out)
-            out.append(Hypothesis(iv, f"change {iv.description}, expect {expect}, because "
-                                      f"{kind}: {message}", DEFAULT_CRITERION, "catalog",
-                                  knob.group, None, kind))
-          elif kind != out[j].finding and kind not in out[j].also:
-            out[j] = dataclasses.replace(
-                out[j], statement=f"{out[j].statement}; and {kind}: {message} (expect "
-                                  f"{expect})", also=(*out[j].also, kind))
+    for knob, iv, expect in _catalog_changes(kind, values, space):
+      j = at.get(iv.id)
+      if j is None:
+        at[iv.id] = len(out)
+        out.append(Hypothesis(iv, f"change {iv.description}, expect {expect}, because "
+                                  f"{kind}: {message}", DEFAULT_CRITERION, "catalog",
+                              knob.group, None, kind))
+      elif kind != out[j].finding and kind not in out[j].also:
+        out[j] = dataclasses.replace(
+            out[j], statement=f"{out[j].statement}; and {kind}: {message} (expect "
+                              f"{expect})", also=(*out[j].also, kind))
   return out
+
+
+def _catalog_changes(kind: str, values: Mapping, space: SearchSpace):
+  """(knob, intervention, expected effect) of every change of `space` that the catalog's
+  entries for finding `kind` name, in catalog order."""
+  for sub, kinds, expect in CATALOG.get(kind, ()):
+    for knob in space.knobs:
+      if sub.lower() not in (knob.name if "[" in sub else knob.binding).lower():
+        continue
+      try:
+        cands = knob.candidates(values)
+      except SearchSpaceError:
+        continue
+      for iv in cands:
+        if _wanted(iv, kinds):
+          yield knob, iv, expect
 
 
 def propose(proposer: str, *, findings: Sequence, values: Mapping, space: SearchSpace,
