@@ -75,7 +75,11 @@ A seed that the existing `--json` already holds with every arm asked for (its pe
 scores are kept in `arms`), written by the same configuration on the same package
 versions, is carried from it and not run (`carried_seeds`; `--no_carry` turns this off):
 seeds accumulate across machines that do not keep the workdir, as long as the JSON (and
-a `--skills_pool` directory) is kept.
+a `--skills_pool` directory) is kept. An existing `--json` is never silently thinned: a
+run that would drop seeds it holds (not in `--seeds`) or rerun them (not carried: another
+configuration or install, or a JSON from before per-problem scores were kept) is refused
+before anything launches, naming them, unless `--overwrite_json` (`--no_carry` consents
+to the rerun only).
 """
 
 from __future__ import annotations
@@ -141,6 +145,10 @@ def _args(argv):
   ap.add_argument("--no_carry", dest="carry", action="store_false",
                   help="rerun (or read back from --workdir) every seed, even one the "
                        "existing --json already holds (carried_seeds)")
+  ap.add_argument("--overwrite_json", action="store_true",
+                  help="rewrite --json even where it holds seeds this run would drop (not "
+                       "in --seeds) or rerun (not carried); without it such a run is "
+                       "refused before anything is launched")
   args = ap.parse_args(argv)
   d = DOMAINS[args.domain]
   for name in ("generations", "branches", "branch_steps", "continue_steps", "control"):
@@ -310,6 +318,7 @@ def main(argv=None) -> dict:
   bench, t0 = Bench(args, root), time.time()
   selection = bench.select_filter() if "best_static_filter" in args.arms else None
   carried = carried_seeds(args) if args.json and args.carry else {}
+  check_overwrite(args, carried, root)
   per_seed: dict = {}
   for s in args.seeds:  # the JSON is rewritten as each seed finishes
     if s in carried:
@@ -335,22 +344,51 @@ def carried_seeds(args) -> dict:
   configuration (CARRY_KEYS) on the same package versions: a benchmark whose workdir is
   gone (another machine) goes on from its committed JSON. `best_static_filter` carries
   nothing (its selection runs are not in the JSON)."""
-  old = load_json(args.json)
-  if not old or "best_static_filter" in args.arms:
-    return {}
+  return _carry(args, load_json(args.json))[0]
+
+
+def _carry(args, old: dict) -> tuple[dict, str]:
+  """(the seeds carried from `old`, why the others of `old` cannot be: '' for none)."""
+  if not old:
+    return {}, ""
+  if "best_static_filter" in args.arms:
+    return {}, "best_static_filter carries nothing (its selection runs are not in the JSON)"
   now = {k: v for k, v in _config(args).items() if k in CARRY_KEYS}
   was = {k: old.get("config", {}).get(k) for k in CARRY_KEYS}
-  if was != now or old.get("packages") != packages(DOMAINS[args.domain].packages):
-    print(f"[bench] {args.json} was written by another configuration or install: "
-          f"nothing carried from it", flush=True)
-    return {}
+  if was != now:
+    return {}, "written by another configuration"
+  if old.get("packages") != packages(DOMAINS[args.domain].packages):
+    return {}, "written on other package versions"
   arms = old.get("arms", {})
   out = {}
   for s in args.seeds:
     figures = {a: arms.get(a, {}).get(str(s)) for a in args.arms}
     if all(f and "per_problem" in f for f in figures.values()):
       out[s] = figures
-  return out
+  return out, "an arm asked for is missing, or its per-problem scores are not kept"
+
+
+def check_overwrite(args, carried: dict, root: pathlib.Path) -> None:
+  """Refuses (SystemExit) to rewrite an existing `--json` that holds seeds this
+  invocation would drop (not in `--seeds`) or rerun (neither carried, for another
+  configuration, another install or no per-problem scores, nor read back from the
+  workdir `root`), unless `--overwrite_json`; `--no_carry` consents to the rerun, not to
+  dropping."""
+  old = load_json(args.json) if args.json else {}
+  held = [int(s) for s in old.get("seeds", [])]
+  dropped = [s for s in held if s not in args.seeds]
+  replaced = [s for s in held if s in args.seeds and s not in carried
+              and not (root / f"static-s{s}" / "bench_done").exists()] if args.carry else []
+  if not (dropped or replaced):
+    return
+  why = ([f"drop seeds {dropped} (not in --seeds)"] if dropped else []) + (
+      [f"rerun seeds {replaced} ({_carry(args, old)[1]})"] if replaced else [])
+  what = f"--json {args.json} holds seeds {held}; this run would {' and '.join(why)}"
+  if args.overwrite_json:
+    print(f"[bench] {what}: rewriting it (--overwrite_json)", flush=True)
+    return
+  raise SystemExit(f"error: {what} and lose their figures. Write to another --json, or "
+                   f"pass --overwrite_json")
 
 
 def report(args, bench: Bench, per_seed: dict, selection, carried: list,

@@ -419,13 +419,47 @@ def test_seeds_in_the_json_are_carried_when_the_workdir_is_gone(tmp_path, monkey
   assert out["means"] == both["means"] and out["diff_vs_static"] == both["diff_vs_static"]
   assert (tmp_path / "out.html").read_text().count("<svg") == 2
   calls.clear()
-  evolve_vs_static.main([*common, "--seeds", "0", "--workdir", str(tmp_path / "d"),
-                         "--gin_bindings", "EvalConfig.k = 4"])
-  assert [c[2] for c in calls] == ["evotrainer-s0", "static-s0"]
+  evolve_vs_static.main([*common, "--seeds", "0,1", "--workdir", str(tmp_path / "d"),
+                         "--gin_bindings", "EvalConfig.k = 4", "--overwrite_json"])
+  assert [c[2] for c in calls] == ["evotrainer-s0", "static-s0", "evotrainer-s1", "static-s1"]
   calls.clear()
-  evolve_vs_static.main([*common, "--seeds", "0", "--workdir", str(tmp_path / "e"),
+  evolve_vs_static.main([*common, "--seeds", "0,1", "--workdir", str(tmp_path / "e"),
                          "--gin_bindings", "EvalConfig.k = 4", "--no_carry"])
-  assert [c[2] for c in calls] == ["evotrainer-s0", "static-s0"]
+  assert [c[2] for c in calls] == ["evotrainer-s0", "static-s0", "evotrainer-s1", "static-s1"]
+
+
+def test_a_json_is_not_thinned_without_overwrite_json(tmp_path, monkeypatch):
+  """A JSON of seeds 0 and 1: asking for seed 1 alone would drop seed 0, another binding
+  would rerun both, and a JSON from before per-problem scores were kept cannot carry
+  them: each is refused before any launch, the JSON unchanged; --overwrite_json goes on."""
+  from bench import evolve_vs_static
+  calls: list = []
+  monkeypatch.setattr(bench_common, "launch_run", _fake_launch(calls))
+  out_json = tmp_path / "out.json"
+  common = ["--domain", "code_smol", "--arms", "static,evotrainer", "--json", str(out_json)]
+  evolve_vs_static.main([*common, "--seeds", "0,1", "--workdir", str(tmp_path / "a")])
+  before = out_json.read_text()
+  calls.clear()
+  with pytest.raises(SystemExit, match=r"holds seeds \[0, 1\]; this run would drop seeds "
+                                       r"\[0\] \(not in --seeds\)"):
+    evolve_vs_static.main([*common, "--seeds", "1", "--workdir", str(tmp_path / "b")])
+  with pytest.raises(SystemExit, match=r"rerun seeds \[0, 1\] \(written by another "
+                                       r"configuration\)"):
+    evolve_vs_static.main([*common, "--seeds", "0,1", "--workdir", str(tmp_path / "b"),
+                           "--gin_bindings", "EvalConfig.k = 4"])
+  old = json.loads(before)
+  for arm in old["arms"].values():
+    for figures in arm.values():
+      figures.pop("per_problem")
+  out_json.write_text(json.dumps(old))
+  with pytest.raises(SystemExit, match=r"rerun seeds \[0, 1\] \(.*per-problem scores "
+                                       r"are not kept\)"):
+    evolve_vs_static.main([*common, "--seeds", "0,1,2", "--workdir", str(tmp_path / "b")])
+  assert calls == [] and json.loads(out_json.read_text()) == old
+  out = evolve_vs_static.main([*common, "--seeds", "1", "--workdir", str(tmp_path / "b"),
+                               "--overwrite_json"])
+  assert [c[2] for c in calls] == ["evotrainer-s1", "static-s1"] and out["seeds"] == [1]
+  assert json.loads(out_json.read_text())["seeds"] == [1]
 
 
 def test_a_subset_of_arms_leaves_the_others_null(tmp_path, monkeypatch):
