@@ -94,6 +94,7 @@ from bench import rl_step  # noqa: E402
 from bench import sampler as sampler_bench  # noqa: E402
 from bench.common import (REPO, load_json, machine, matmul_peak_gflops,  # noqa: E402
                           save_json, timed, timed_each)
+from evotrainer import lifetime  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 MODES = {"greedy": sampler_bench.MODES["greedy"],
@@ -445,7 +446,8 @@ def rl_summary(runs: dict) -> dict:
 def run_child(cmd: list, log_path: str) -> str:
   """Runs `cmd`, its stderr into `log_path`; its stdout. Raises with the log's tail."""
   with open(log_path, "w") as log:
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                          env=lifetime.child_env())
   if proc.returncode:
     with open(log_path) as f:
       tail = f.read()[-3000:]
@@ -593,6 +595,7 @@ def store(path: str, payload: dict, source: dict) -> None:
 def main(argv=None) -> dict:
   args = parse_args(argv)
   if args._worker:
+    lifetime.die_with_launcher()  # a killed benchmark leaves no measurement running
     print(json.dumps(worker(json.loads(args._worker))))
     return {}
   os.makedirs(args.cache_dir, exist_ok=True)

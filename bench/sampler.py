@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from bench.common import machine, matmul_peak_gflops, timed, write_json  # noqa: E402
+from evotrainer import lifetime  # noqa: E402
 from evotrainer.model.hf import load_hf_checkpoint  # noqa: E402
 from evotrainer.sampling import Sampler, SamplingParams, left_pad  # noqa: E402
 
@@ -133,7 +134,7 @@ def run_side(side: str, path: str, batch: int, args) -> dict:
   cmd = [sys.executable, os.path.abspath(__file__), "--_worker", side, "--_checkpoint", path,
          "--batches", str(batch), "--modes", args.modes, "--prompt_len", str(args.prompt_len),
          "--new_tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
-  proc = subprocess.run(cmd, capture_output=True, text=True)
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=lifetime.child_env())
   if proc.returncode:
     raise RuntimeError(f"{side} worker failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
   return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -153,6 +154,7 @@ def main():
   args = ap.parse_args()
   modes = args.modes.split(",")
   if args._worker:
+    lifetime.die_with_launcher()  # a killed benchmark leaves no measurement running
     print(json.dumps(worker(args._worker, args._checkpoint, int(args.batches), modes,
                             args.prompt_len, args.new_tokens, args.repeats)))
     return
