@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import math
 import os
 import pathlib
 import platform
@@ -18,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from evotrainer import lifetime
+from evotrainer.evolution.trainer import run_child
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -159,17 +160,50 @@ def write_json(path: str | None, payload: dict) -> None:
 
 def launch_run(gin_files: list, bindings: list, workdir: pathlib.Path,
                log: pathlib.Path) -> dict:
-  """`python -m evotrainer.launch` in a child process (its output to `log`); the run's
-  summary.json. Raises with the log's path when the run fails. The child ends with this
-  process (`lifetime`): a killed benchmark leaves no run going on in its workdir."""
+  """`python -m evotrainer.launch` in a child process (its output to `log`, its progress
+  line echoed every `HEARTBEAT_S`); the run's summary.json. Raises with the log's path
+  when the run fails. The child ends with this process (`lifetime`): a killed benchmark
+  leaves no run going on in its workdir."""
   cmd = [sys.executable, "-m", "evotrainer.launch", f"--workdir={workdir}",
          *(f"--gin_file={g}" for g in gin_files), *(f"--gin_bindings={b}" for b in bindings)]
-  env = lifetime.child_env(dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "")))
-  with open(log, "w") as f:
-    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
-  if proc.returncode != 0:
-    raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}); see {log}")
+  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", ""))
+  rc = run_logged(cmd, log, env=env, label=workdir.name)
+  if rc != 0:
+    raise RuntimeError(f"{' '.join(cmd)} failed ({rc}); see {log}")
   return json.loads((workdir / "summary.json").read_text())
+
+
+HEARTBEAT_S = 300.0  # how often a benchmark says what its running child is doing
+
+
+def run_logged(cmd: Sequence[str], log: pathlib.Path, *, env: Mapping[str, str],
+               label: str, heartbeat_s: float = HEARTBEAT_S) -> int:
+  """Runs `cmd` in the repository as the controller runs a branch (`run_child`: the
+  command line and output appended to `log`, the child ended with this process) and
+  every `heartbeat_s` prints `[bench] <label>: <minutes> min, <the log's last line>`, so a
+  child that runs for an hour shows where it is. Returns its exit code."""
+  start = time.time()
+
+  def beat() -> bool:
+    print(f"[bench] {label}: {(time.time() - start) / 60:.0f} min, {last_line(log)}",
+          flush=True)
+    return False  # never stops the child
+
+  return run_child(cmd, log, env=dict(env), timeout_s=math.inf, stop=beat,
+                   poll_s=heartbeat_s, cwd=REPO)
+
+
+def last_line(path: pathlib.Path, tail_bytes: int = 4096) -> str:
+  """The last non-blank line of a log, a progress bar's latest redraw (after its last
+  carriage return) included; '' for an empty or missing log."""
+  try:
+    with open(path, "rb") as f:
+      f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+      text = f.read().decode(errors="replace")
+  except FileNotFoundError:
+    return ""
+  lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+  return lines[-1] if lines else ""
 
 
 LAUNCH_FILE = "bench_launch.json"  # a benchmark run directory's command (`run_or_read`)

@@ -127,8 +127,10 @@ def log_tail(log_path: os.PathLike, chars: int = 3000) -> str:
 
 
 def run_child(cmd: Sequence[str], log_path: os.PathLike, *, env: dict, timeout_s: float,
-              stop: Optional[Callable[[], bool]] = None, poll_s: float = 1.0):
-  """Runs `cmd`, appending the command line and its output to `log_path`.
+              stop: Optional[Callable[[], bool]] = None, poll_s: float = 1.0,
+              cwd: Optional[os.PathLike] = None):
+  """Runs `cmd` (in `cwd`, default this process's), appending the command line and its
+  output to `log_path`.
 
   Returns:
     its exit code (negative: the signal), 'timeout' when it ran past `timeout_s`, or
@@ -140,7 +142,7 @@ def run_child(cmd: Sequence[str], log_path: os.PathLike, *, env: dict, timeout_s
   with open(log_path, "ab") as log:
     log.write(("$ " + " ".join(cmd) + "\n").encode())
     log.flush()
-    proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
                             env=lifetime.child_env(env))
     try:
       while True:

@@ -1,9 +1,11 @@
-"""bench.common.packages: the versions every benchmark JSON records."""
+"""bench.common: the versions every benchmark JSON records, stored runs, child processes."""
 
 from __future__ import annotations
 
 import json
+import os
 import platform
+import sys
 
 import flax
 import jax
@@ -119,3 +121,24 @@ def test_timed_each_compiles_all_first_then_rotates_the_timed_rounds(monkeypatch
   assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
   assert got["a"] == (2.0, 10.0, "A")  # median of 1, 3, 2
   assert got["b"] == (5.0, 20.0, "B")  # median of 5, 4, 6
+
+
+def test_a_long_child_shows_its_progress_line_every_heartbeat(tmp_path, capsys):
+  child = ("import sys, time\n"
+           "print('loading', flush=True); time.sleep(0.7)\n"
+           "sys.stdout.write('[RL] 1/4 steps\\r[RL] 2/4 steps'); sys.stdout.flush()\n"
+           "time.sleep(0.7); sys.exit(3)\n")
+  log = tmp_path / "run.log"
+  rc = common.run_logged([sys.executable, "-c", child], log, env=dict(os.environ),
+                         label="static-s0", heartbeat_s=0.3)
+  assert rc == 3
+  beats = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[bench]")]
+  assert "[bench] static-s0: 0 min, loading" in beats
+  assert beats[-1] == "[bench] static-s0: 0 min, [RL] 2/4 steps"  # the bar's last redraw
+  assert log.read_text().startswith("$ ") and "\nloading\n" in log.read_text()
+
+
+def test_last_line_of_a_missing_or_empty_log_is_empty(tmp_path):
+  assert common.last_line(tmp_path / "none.log") == ""
+  (tmp_path / "empty.log").write_text("\n \n")
+  assert common.last_line(tmp_path / "empty.log") == ""
