@@ -44,7 +44,9 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> bool:
 
 def die_with_launcher() -> None:
   """In a process started with `child_env`: end with that parent, and exit now if it
-  has already ended. A process started any other way is left alone."""
-  pid = os.environ.get(PARENT_ENV)
+  has already ended. A process started any other way is left alone. The variable is
+  taken out of this process's environment, so what it starts in turn is not bound to
+  a grandparent (unless started with `child_env` again)."""
+  pid = os.environ.pop(PARENT_ENV, None)
   if pid and pid.isdigit() and not die_with_parent(int(pid)):
     sys.exit(f"error: the process that started this one ({pid}) has already ended")

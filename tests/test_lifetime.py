@@ -22,6 +22,7 @@ CHILD = textwrap.dedent("""
     from evotrainer import lifetime
     if sys.argv[2] == "with_launcher":
       lifetime.die_with_launcher()
+      assert lifetime.PARENT_ENV not in os.environ  # not passed on to grandchildren
     pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))
     time.sleep(120)
 """)
