@@ -316,9 +316,9 @@ def main(argv=None) -> dict:
   root = pathlib.Path(args.workdir).resolve()
   root.mkdir(parents=True, exist_ok=True)
   bench, t0 = Bench(args, root), time.time()
-  selection = bench.select_filter() if "best_static_filter" in args.arms else None
   carried = carried_seeds(args) if args.json and args.carry else {}
-  check_overwrite(args, carried, root)
+  check_overwrite(args, carried, root)  # before any launch, the filter selection's too
+  selection = bench.select_filter() if "best_static_filter" in args.arms else None
   per_seed: dict = {}
   for s in args.seeds:  # the JSON is rewritten as each seed finishes
     if s in carried:

@@ -455,7 +455,10 @@ def test_a_json_is_not_thinned_without_overwrite_json(tmp_path, monkeypatch):
   with pytest.raises(SystemExit, match=r"rerun seeds \[0, 1\] \(.*per-problem scores "
                                        r"are not kept\)"):
     evolve_vs_static.main([*common, "--seeds", "0,1,2", "--workdir", str(tmp_path / "b")])
-  assert calls == [] and json.loads(out_json.read_text()) == old
+  with pytest.raises(SystemExit, match=r"rerun seeds \[0, 1\] \(best_static_filter carries"):
+    evolve_vs_static.main([*common[:3], "static,best_static_filter", *common[4:], "--seeds",
+                           "0,1", "--workdir", str(tmp_path / "b")])
+  assert calls == [] and json.loads(out_json.read_text()) == old  # nothing launched
   out = evolve_vs_static.main([*common, "--seeds", "1", "--workdir", str(tmp_path / "b"),
                                "--overwrite_json"])
   assert [c[2] for c in calls] == ["evotrainer-s1", "static-s1"] and out["seeds"] == [1]
