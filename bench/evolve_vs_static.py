@@ -348,7 +348,8 @@ def carried_seeds(args) -> dict:
 
 
 def _carry(args, old: dict) -> tuple[dict, str]:
-  """(the seeds carried from `old`, why the others of `old` cannot be: '' for none)."""
+  """(the seeds of `--seeds` carried from `old`, why a seed of `old` is not: the whole
+  file's reason, or, past those, a missing arm or missing per-problem scores)."""
   if not old:
     return {}, ""
   if "best_static_filter" in args.arms:
