@@ -29,7 +29,11 @@ sampler  ours (`Sampler`) vs transformers `generate` on the same weights: `--bat
          (`bench.common.timed_each`), so no mode alone carries the child's warm-up. Where our time
          goes, in the first mode: `prefill_s` (the same call with one new token),
          `decode_s` (the rest) and `lm_head_share` of decode: N - 1 times one [B, E] x
-         [E, V] head matmul, jitted alone (best of 10), over decode_s (an estimate).
+         [E, V] head matmul, jitted alone (best of 10), over decode_s (an estimate);
+         `matmul_share` the same for every matmul of a decode step (`decode_matmuls`:
+         the blocks' projections and the head, one program), with the rate it ran at
+         (`matmul_gflops_per_s`): what is left is attention over the cache, norms,
+         RoPE, the token choice and the loop.
          `sampler_greedy_agreement`: the share of rows whose greedy tokens are the same on
          both sides, per dtype and batch.
          Summary `sampler_vs_transformers` {"<mode>_b<B>": our tokens/s in our best dtype /
@@ -178,13 +182,54 @@ def head_seconds(model, rows: int, repeats: int = 10) -> float:
   w = jnp.asarray(model.head_weight()).astype(cfg.jnp_dtype)
   h = jnp.ones((rows, 1, cfg.hidden_size), cfg.jnp_dtype)
   f = jax.jit(lambda w, h: head_logits(h, w, cfg.tie_embeddings))
-  jax.block_until_ready(f(w, h))
+  return best_seconds(f, w, h, repeats=repeats)
+
+
+def best_seconds(f, *args, repeats: int = 10) -> float:
+  """The best time of `repeats` calls of `f(*args)` after a first, untimed one."""
+  import jax
+  jax.block_until_ready(f(*args))
   best = float("inf")
   for _ in range(repeats):
     t = time.perf_counter()
-    jax.block_until_ready(f(w, h))
+    jax.block_until_ready(f(*args))
     best = min(best, time.perf_counter() - t)
   return best
+
+
+def decode_matmuls(model, rows: int) -> tuple:
+  """(best seconds of 10, FLOPs) of `decode_matmul_program`. Its share of a decode step
+  bounds what a faster non-matmul part could gain."""
+  f, args = decode_matmul_program(model, rows)
+  # FLOPs: 2 x the blocks' projection and the head's parameters per row, i.e. the forward
+  # FLOPs of one token with no attention context.
+  return best_seconds(f, *args), rows * model.config.flops_per_token(0)
+
+
+def decode_matmul_program(model, rows: int) -> tuple:
+  """(jitted f, args) of one decode step's matmuls alone: every block's q, k, v, o, gate,
+  up and down projections of `rows` one-token rows in order, then the LM head, on the
+  model's own weights in the compute dtype (cast once, as the sampler does)."""
+  import jax
+  import jax.numpy as jnp
+  from evotrainer.model.transformer import dense, head_logits
+  cfg = model.config
+  cast = lambda v: jnp.asarray(v[...]).astype(cfg.jnp_dtype)
+  blocks = [{name: cast(getattr(part, name)) for part, names in
+             ((b.attn, ("q", "k", "v", "o")), (b.mlp, ("gate", "up", "down")))
+             for name in names} for b in model.layers]
+  head_w = cast(model.head_weight())
+
+  def chain(blocks, head_w, x):
+    kv = []  # returned, so that XLA keeps the k and v projections
+    for w in blocks:
+      q = dense(x, w["q"])
+      kv += [dense(x, w["k"]), dense(x, w["v"])]
+      x = dense(q, w["o"], n_in=2)
+      x = dense(dense(x, w["gate"]) * dense(x, w["up"]), w["down"])
+    return head_logits(x[:, None], head_w, cfg.tie_embeddings), kv
+
+  return jax.jit(chain), (blocks, head_w, jnp.ones((rows, cfg.hidden_size), cfg.jnp_dtype))
 
 
 def sampler_worker(spec: dict) -> dict:
@@ -205,10 +250,13 @@ def sampler_worker(spec: dict) -> dict:
     prefill, _, _ = timed(generate(model, prompts, 1, MODES[mode]), spec["repeats"])
     decode = out["modes"][mode]["steady_s"] - prefill
     head = head_seconds(model, b)
+    mm, flops = decode_matmuls(model, b)
+    share = lambda t: t * (n - 1) / decode if decode > 0 else None
     out["split"] = {"mode": mode, "prefill_s": prefill, "decode_s": decode,
                     "decode_ms_per_token_step": 1000 * decode / max(n - 1, 1),
-                    "lm_head_ms_per_step": 1000 * head,
-                    "lm_head_share": head * (n - 1) / decode if decode > 0 else None}
+                    "lm_head_ms_per_step": 1000 * head, "lm_head_share": share(head),
+                    "matmul_ms_per_step": 1000 * mm, "matmul_share": share(mm),
+                    "matmul_gflops_per_s": flops / mm / 1e9}
   return out
 
 
