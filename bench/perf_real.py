@@ -32,8 +32,9 @@ sampler  ours (`Sampler`) vs transformers `generate` on the same weights: `--bat
          [E, V] head matmul, jitted alone (best of 10), over decode_s (an estimate);
          `matmul_share` the same for every matmul of a decode step (`decode_matmuls`:
          the blocks' projections and the head, one program), with the rate it ran at
-         (`matmul_gflops_per_s`): what is left is attention over the cache, norms,
-         RoPE, the token choice and the loop.
+         (`matmul_gflops_per_s`; `matmul_peak_gflops_per_s` a large square matmul's
+         in the same child): what is left is attention over the cache, norms, RoPE,
+         the token choice and the loop.
          `sampler_greedy_agreement`: the share of rows whose greedy tokens are the same on
          both sides, per dtype and batch.
          Summary `sampler_vs_transformers` {"<mode>_b<B>": our tokens/s in our best dtype /
@@ -256,7 +257,8 @@ def sampler_worker(spec: dict) -> dict:
                     "decode_ms_per_token_step": 1000 * decode / max(n - 1, 1),
                     "lm_head_ms_per_step": 1000 * head, "lm_head_share": share(head),
                     "matmul_ms_per_step": 1000 * mm, "matmul_share": share(mm),
-                    "matmul_gflops_per_s": flops / mm / 1e9}
+                    "matmul_gflops_per_s": flops / mm / 1e9,
+                    "matmul_peak_gflops_per_s": matmul_peak_gflops(dtype=spec["dtype"])}
   return out
 
 

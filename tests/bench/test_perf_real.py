@@ -73,7 +73,11 @@ def test_quick_sampler_and_learner(tmp_path, capsys):
   assert flops == 2 * 106496 * ROWS
   seconds = split["matmul_ms_per_step"] / 1000
   assert split["matmul_gflops_per_s"] == pytest.approx(flops / seconds / 1e9)
-  assert split["matmul_share"] == pytest.approx(seconds * (TOKENS - 1) / split["decode_s"])
+  # The tiny model's decode time is a difference of two noisy timings: it can be <= 0.
+  decode = split["decode_s"]
+  share = seconds * (TOKENS - 1) / decode if decode > 0 else None
+  assert split["matmul_share"] == (pytest.approx(share) if share else None)
+  assert split["matmul_peak_gflops_per_s"] > 0
 
   config = perf_real.model_config(perf_real.model_source(True, str(tmp_path / "cache")))
   full = runs["learner/float32/full"]["result"]
