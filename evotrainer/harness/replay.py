@@ -402,9 +402,9 @@ def backtest(store: RolloutStore, candidate: Harness, baseline: Harness, *,
     correct meaning BC >= 0.5.
   - `changed`: rows whose training signal differs from the baseline's: kept by one
     harness and not the other, or kept by both with another advantage (beyond float32
-    rounding). 0 over the replayed steps: the candidate is inert on them, and the learner
-    would see exactly what it saw (a part equal on every row of a group, a filter that
-    cuts nothing).
+    rounding). None over the replayed steps: the candidate is inert on them; the learner
+    would see exactly what it saw (a part that adds the same reward to every row of a
+    group, a filter that cuts nothing).
 
   Args:
     store: the rollout store.
