@@ -10,9 +10,8 @@ filters, the estimator: `backtest.is_harness_side`) is replayed on the version's
 training steps (`<run>/versions/<version>/rollouts`) against the version's own values, by
 the controller's backtester (docs/method.md, step 5), in seconds and without training.
 Per change: dead groups before and rescued, newly dead, ranking violations, correct rows
-newly cut, rows whose training signal changes (`changed`; 0: inert), the backtester's
-verdict, and for a reward part whether it is on target for dead groups
-(`backtest.on_target`: at least MIN_RESCUED_SHARE of them rescued).
+newly cut, the backtester's verdict, and for a reward part whether it is on target for
+dead groups (`backtest.on_target`: at least MIN_RESCUED_SHARE of them rescued).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import machine, write_json  # noqa: E402
 
 KEEP = ("dead_before", "rescued", "newly_dead", "violations", "pairs", "correct",
-        "correct_newly_cut", "changed", "reward_before", "reward_after")
+        "correct_newly_cut", "reward_before", "reward_after")
 
 
 def version_values(run: str, version: str) -> dict:
