@@ -29,14 +29,18 @@ def matmul_peak_gflops(n: int = 1024, repeats: int = 10, dtype: str = "float32")
   device."""
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.dtype(dtype))
   b = jax.random.normal(jax.random.key(1), (n, n), jnp.dtype(dtype))
-  f = jax.jit(jnp.dot)
-  f(a, b).block_until_ready()
+  return 2 * n**3 / best_seconds(jax.jit(jnp.dot), a, b, repeats=repeats) / 1e9
+
+
+def best_seconds(f, *args, repeats: int = 10) -> float:
+  """The best time of `repeats` calls of `f(*args)` after a first, untimed one."""
+  jax.block_until_ready(f(*args))
   best = float("inf")
   for _ in range(repeats):
     t = time.perf_counter()
-    f(a, b).block_until_ready()
+    jax.block_until_ready(f(*args))
     best = min(best, time.perf_counter() - t)
-  return 2 * n**3 / best / 1e9
+  return best
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:

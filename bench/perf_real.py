@@ -97,8 +97,8 @@ import numpy as np  # noqa: E402
 from bench import learner as learner_bench  # noqa: E402
 from bench import rl_step  # noqa: E402
 from bench import sampler as sampler_bench  # noqa: E402
-from bench.common import (REPO, load_json, machine, matmul_peak_gflops,  # noqa: E402
-                          save_json, timed, timed_each)
+from bench.common import (REPO, best_seconds, load_json, machine,  # noqa: E402
+                          matmul_peak_gflops, save_json, timed, timed_each)
 from evotrainer import lifetime  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
@@ -184,18 +184,6 @@ def head_seconds(model, rows: int, repeats: int = 10) -> float:
   h = jnp.ones((rows, 1, cfg.hidden_size), cfg.jnp_dtype)
   f = jax.jit(lambda w, h: head_logits(h, w, cfg.tie_embeddings))
   return best_seconds(f, w, h, repeats=repeats)
-
-
-def best_seconds(f, *args, repeats: int = 10) -> float:
-  """The best time of `repeats` calls of `f(*args)` after a first, untimed one."""
-  import jax
-  jax.block_until_ready(f(*args))
-  best = float("inf")
-  for _ in range(repeats):
-    t = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    best = min(best, time.perf_counter() - t)
-  return best
 
 
 def decode_matmuls(model, rows: int) -> tuple:

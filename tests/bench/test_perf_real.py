@@ -34,16 +34,23 @@ def test_learner_flops_per_token():
   assert one_block == pytest.approx(f + head + 2 * (f - head) / cfg.num_layers)
 
 
+# A decode step's matmul FLOPs per row for QUICK_SIZES, by hand (E 64, M 128, L 2, H 4,
+# KV 2, D 16, V 512): per layer q and o 2 x E x H x D, k and v 2 x E x KV x D, the MLP
+# 3 x E x M; then the head E x V; two FLOPs per multiply-add.
+QUICK_M, QUICK_LAYERS = 128, 2
+QUICK_MATMUL_FLOPS = 2 * (QUICK_LAYERS * (2 * 64 * 4 * 16 + 2 * 64 * 2 * 16 + 3 * 64 * 128)
+                          + 64 * 512)
+
+
 def test_decode_matmul_program_does_the_counted_matmuls(tmp_path):
   """XLA's own count of the program's FLOPs is the hand count the split divides by (the
   gate x up product adds E x M per row and layer, nothing else)."""
   source = perf_real.model_source(True, str(tmp_path / "cache"))
   f, args = perf_real.decode_matmul_program(perf_real.ours_model(source, "float32"), 3)
-  e, m, layers, h, kv, d, v = 64, 128, 2, 4, 2, 16, 512  # QUICK_SIZES
-  matmuls = 2 * (layers * (2 * e * h * d + 2 * e * kv * d + 3 * e * m) + e * v) * 3
   cost = f.lower(*args).compile().cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
-  assert cost["flops"] == pytest.approx(matmuls + layers * m * 3, rel=0.01)
+  assert cost["flops"] == pytest.approx(3 * (QUICK_MATMUL_FLOPS + QUICK_LAYERS * QUICK_M),
+                                        rel=0.01)
 
 
 @pytest.mark.slow
@@ -65,12 +72,7 @@ def test_quick_sampler_and_learner(tmp_path, capsys):
   split = payload["sampler_time_split"]["float32_b2"]
   assert split["prefill_s"] > 0 and split["lm_head_ms_per_step"] > 0
   assert split["prefill_s"] + split["decode_s"] == pytest.approx(ours["steady_s"])
-  # The decode step's matmuls, counted by hand for QUICK_SIZES (E 64, M 128, L 2, H 4,
-  # KV 2, D 16, V 512): per layer q and o 2 x E x H x D, k and v 2 x E x KV x D, the MLP
-  # 3 x E x M; then the head E x V; two FLOPs per multiply-add, per row.
-  e, m, layers, h, kv, d, v = 64, 128, 2, 4, 2, 16, 512
-  flops = 2 * (layers * (2 * e * h * d + 2 * e * kv * d + 3 * e * m) + e * v) * ROWS
-  assert flops == 2 * 106496 * ROWS
+  flops = QUICK_MATMUL_FLOPS * ROWS
   seconds = split["matmul_ms_per_step"] / 1000
   assert split["matmul_gflops_per_s"] == pytest.approx(flops / seconds / 1e9)
   # The tiny model's decode time is a difference of two noisy timings: it can be <= 0.
