@@ -10,8 +10,9 @@ filters, the estimator: `backtest.is_harness_side`) is replayed on the version's
 training steps (`<run>/versions/<version>/rollouts`) against the version's own values, by
 the controller's backtester (docs/method.md, step 5), in seconds and without training.
 Per change: dead groups before and rescued, newly dead, ranking violations, correct rows
-newly cut, the backtester's verdict, and for a reward part whether it is on target for
-dead groups (`backtest.on_target`: at least MIN_RESCUED_SHARE of them rescued).
+newly cut, rows whose training signal changes (`changed`; 0: inert), the backtester's
+verdict, and for a reward part whether it is on target for dead groups
+(`backtest.on_target`: at least MIN_RESCUED_SHARE of them rescued).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import machine, write_json  # noqa: E402
 
 KEEP = ("dead_before", "rescued", "newly_dead", "violations", "pairs", "correct",
-        "correct_newly_cut", "reward_before", "reward_after")
+        "correct_newly_cut", "changed", "reward_before", "reward_after")
 
 
 def version_values(run: str, version: str) -> dict:
@@ -90,7 +91,8 @@ def main(argv=None):
   space = gin.query_parameter("evolve.space").scoped_configurable_fn()
   rollouts = os.path.join(args.run, "versions", args.version, "rollouts")
   rows = backtest_all(rollouts, args.version, space, {**space.current_values(), **values},
-                      harness_backtester(gin_harness_builder()))
+                      harness_backtester(gin_harness_builder(), drop_inert=gin.get_bindings(
+                          "evolve").get("backtest_drops_inert", True)))
   for r in rows:
     print(f"{r['change']:<48} rescued {r['rescued']:>3} of {r['dead_before']:<3} "
           f"{'pass' if r['passed'] else 'FAIL'}  on target: {r['on_target_dead_groups']}",

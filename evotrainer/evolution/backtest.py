@@ -29,12 +29,15 @@ def is_harness_side(iv: Intervention, group: str) -> bool:
 
 def harness_backtester(harness_builder: Callable[[Mapping], Any],
                        max_violation_rate: float = 0.01,
-                       max_correct_cut_share: float = 0.05) -> Callable:
+                       max_correct_cut_share: float = 0.05,
+                       drop_inert: bool = True) -> Callable:
   """A `backtester` replaying the incumbent's stored steps (harness/replay.py).
 
   `harness_builder(values) -> Harness` builds a harness from {binding: value}. The
   criterion: BC ranking violations <= `max_violation_rate`, correct rows newly cut <=
-  `max_correct_cut_share` of the correct rows, and no more groups die than are rescued.
+  `max_correct_cut_share` of the correct rows, no more groups die than are rescued, and
+  (`drop_inert`) the change alters the training signal of at least one stored row
+  (`changed`): an inert one would train its branch exactly like its parent.
   """
 
   def run(store_root: str, version: str, before: Mapping, after: Mapping,
@@ -56,9 +59,12 @@ def harness_backtester(harness_builder: Callable[[Mapping], Any],
       why.append(f"correct rows newly cut {cut:.4f} > {max_correct_cut_share}")
     if t["newly_dead"] > t["rescued"]:
       why.append(f"{t['newly_dead']} groups die, {t['rescued']} rescued")
+    if drop_inert and t["changed"] == 0:
+      why.append(f"inert on the {t['steps']} stored steps: every row would train with the "
+                 f"keep and advantage it had")
     keep = ("groups", "dead_before", "dead_after", "rescued", "newly_dead", "pairs",
             "violations", "correct", "cut", "correct_cut", "correct_newly_cut",
-            "reward_before", "reward_after")
+            "changed", "reward_before", "reward_after")
     return {"passed": not why, "why": "; ".join(why) or "criterion met",
             **{k: t[k] for k in keep}}
 

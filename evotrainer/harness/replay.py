@@ -251,6 +251,7 @@ class BacktestRow:
   correct_newly_cut: int
   not_trained: int  # rows that do not train under the candidate (any stage)
   correct_not_trained: int
+  changed: int  # rows whose training signal differs from the baseline's (see `backtest`)
   reward_sum_before: float = 0.0  # composed reward summed over the rows, baseline
   reward_sum_after: float = 0.0  # ... under the candidate
   rescued_groups: tuple = ()  # group ids of the first rescued groups
@@ -328,6 +329,10 @@ def _compare(stored: StoredStep, candidate: Harness, baseline: Harness,
   b_pairs, b_viol, b_ties, _ = ranking_counts(bc, base.rewards, _scored(base, baseline), gs)
   cut = ~ct
   new = cut & bt
+  # Float32 advantages of the same rows can differ in the last bits between harnesses that
+  # compute them alike (another reward sum order): such a row is unchanged.
+  same_advantage = np.isclose(base.advantages, cand.advantages, rtol=1e-5, atol=1e-6)
+  changed = (base.keep != cand.keep) | (cand.keep & ~same_advantage)
   return BacktestRow(
       version=cand.version, step=cand.step, episodes=len(eps), groups=len(dead_c),
       dead_before=int(dead_b.sum()), dead_after=int(dead_c.sum()),
@@ -337,6 +342,7 @@ def _compare(stored: StoredStep, candidate: Harness, baseline: Harness,
       cut=int(cut.sum()), correct_cut=int((cut & correct).sum()), newly_cut=int(new.sum()),
       correct_newly_cut=int((new & correct).sum()),
       not_trained=int((~cand.keep).sum()), correct_not_trained=int((~cand.keep & correct).sum()),
+      changed=int(changed.sum()),
       reward_sum_before=float(base.rewards.sum()), reward_sum_after=float(cand.rewards.sum()),
       rescued_groups=tuple(group_ids),
       violation_examples=tuple((eps[i].episode_id, eps[j].episode_id) for i, j in ex))
@@ -394,6 +400,11 @@ def backtest(store: RolloutStore, candidate: Harness, baseline: Harness, *,
     those of them the baseline's keep, `not_trained` rows whose final keep is False
     (including group filters and dynamic sampling); each with its `correct_*` share,
     correct meaning BC >= 0.5.
+  - `changed`: rows whose training signal differs from the baseline's: kept by one
+    harness and not the other, or kept by both with another advantage (beyond float32
+    rounding). 0 over the replayed steps: the candidate is inert on them, and the learner
+    would see exactly what it saw (a part equal on every row of a group, a filter that
+    cuts nothing).
 
   Args:
     store: the rollout store.

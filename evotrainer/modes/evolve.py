@@ -31,7 +31,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
            branches: int = 2, branch_steps: int = 30, proposer: str = "skills",
            skills_dir: str | None = None, human_gated: bool = False,
            branch_timeout_s: float = 1800, resume_from: str | None = None,
-           backtest: bool = True, control: bool = True, mode: str = "evolve",
+           backtest: bool = True, backtest_drops_inert: bool = True,
+           control: bool = True, mode: str = "evolve",
            task=None, domain: str = "math", validators: list | None = None,
            diagnostics: list | None = None, continue_steps: int = 0,
            continue_keeps_best: bool = False, relative_health: bool = False,
@@ -61,7 +62,12 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
       a copy of its ledger (lineage, incumbent, harness) and its skills (`--resume_from`).
     backtest: replay each harness-side intervention (reward parts, filters, estimator)
       on the incumbent's stored rollouts before training it; one that fails the
-      criterion of `controller.harness_backtester` is dropped.
+      criterion of `backtest.harness_backtester` is dropped.
+    backtest_drops_inert: the backtest also drops a change that is inert on those
+      rollouts (no stored row's keep or advantage moves: its branch would start training
+      exactly like its parent). False keeps such changes, for a run that must train
+      them (gin/math_hackable.gin: its gameable reward pays the tiny policy's stored
+      completions like correctness does, and is only gamed once trained).
     control: train a control branch per generation (the parent continued unchanged for
       the same steps) and credit each change against it (promotion.py).
     continue_steps: after each generation's verification, the incumbent trains this many
@@ -101,6 +107,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   """
   from evotrainer.eval.pipeline_check import task_eval_check
   from evotrainer.evolution import pod
+  from evotrainer.evolution.backtest import harness_backtester
   from evotrainer.evolution.controller import Controller, no_eval_check
   from evotrainer.evolution.ledger.mirror import ledger_exists, open_ledger, push_run_files
   from evotrainer.evolution.skills import SEED_DIR, SkillLibrary
@@ -133,6 +140,8 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
   if resume_from and not (paths.is_remote(workdir) and ledger_exists(workdir)):
     from evotrainer.evolution.sweep import start_from
     start_from(resume_from, local)
+  backtester = (harness_backtester(gin_harness_builder(), drop_inert=backtest_drops_inert)
+                if backtest else None)
   with open_ledger(workdir, run_files=True) as ledger:
     sources = [s for s in (resume_from and pathlib.Path(resume_from) / "skills", skills_dir)
                if s] + [SEED_DIR]
@@ -144,7 +153,7 @@ def evolve(workdir: str, seed: int, *, space=gin.REQUIRED, generations: int = 4,
                             else no_eval_check,
                             strict_verify=getattr(task, "strict_verify", None),
                             relative_health=relative_health,
-                            harness_builder=gin_harness_builder() if backtest else None)
+                            backtester=backtester)
     try:
       if mode == "sweep":
         rows = sweep_lib.Sweep(controller, variants, parent=cfg["parent"],

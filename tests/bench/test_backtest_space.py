@@ -55,7 +55,19 @@ def test_each_reward_part_rescues_what_the_stored_episodes_say(tmp_path):
   assert (partial["dead_before"], partial["rescued"]) == (dead, rescued)
   assert (fmt["dead_before"], fmt["rescued"]) == (dead, 0)
   assert partial["on_target_dead_groups"] is (rescued >= -(-dead // 4))
-  assert fmt["on_target_dead_groups"] is False and fmt["passed"] is True
+  # `format` adds the same reward to every row: no advantage moves, the change is inert
+  # (it would train its branch exactly like its parent) and fails the backtest.
+  assert fmt["on_target_dead_groups"] is False and fmt["passed"] is False
+  assert fmt["changed"] == 0 and fmt["why"].startswith("inert on the 3 stored steps")
+  assert partial["changed"] > 0 and "inert" not in partial["why"]
+  # `evolve.backtest_drops_inert = False` (the hackable demo) keeps an inert change.
+  kept = backtest_space.backtest_all(str(tmp_path / "rollouts"), "v0", space, values,
+                                     harness_backtester(_builder, drop_inert=False))
+  # (`_builder` ignores the estimator: under it, that change is inert too.)
+  assert [r["why"] for r in rows if not r["passed"]] == [
+      "inert on the 3 stored steps: every row would train with the keep and advantage it "
+      "had"] * 2
+  assert [r["why"] for r in kept] == ["criterion met"] * 3
   assert by["Harness.estimator: 'grpo' -> 'rloo'"]["on_target_dead_groups"] is None
 
 
@@ -92,16 +104,25 @@ def test_main_replays_the_version_of_the_ledger_as_the_run_configured_it(tmp_pat
     ledger.add_version("v0", bindings={PARTS: {"correct": 1.0}})
   (tmp_path / "space.gin").write_text(SPACE_GIN)
   out = tmp_path / "out.json"
-  try:
-    backtest_space.main(["--run", str(run), "--gin_file", str(tmp_path / "space.gin"),
-                         "--json", str(out)])
-  finally:
-    gin.clear_config()
-  rows = {r["change"]: r for r in json.loads(out.read_text())["changes"]}
+
+  def changes(*bindings):
+    try:
+      backtest_space.main(["--run", str(run), "--gin_file", str(tmp_path / "space.gin"),
+                           "--json", str(out), *bindings])
+    finally:
+      gin.clear_config()
+    return {r["change"]: r for r in json.loads(out.read_text())["changes"]}
+
+  rows = changes()
   assert set(rows) == {"RewardComposer.parts: add 'partial' = 0.5",
                        "RewardComposer.parts: add 'format' = 0.5"}
   dead, rescued = _by_hand(store, 0.5, "partial")
   assert rows["RewardComposer.parts: add 'partial' = 0.5"]["rescued"] == rescued > 0
   assert rows["RewardComposer.parts: add 'format' = 0.5"]["dead_before"] == dead
+  # `format` is inert (1.0 on every row): the run's backtester drops it unless the run's
+  # gin says `evolve.backtest_drops_inert = False`, as the controller's would.
+  assert rows["RewardComposer.parts: add 'format' = 0.5"]["passed"] is False
+  kept = changes("--gin_bindings", "evolve.backtest_drops_inert = False")
+  assert kept["RewardComposer.parts: add 'format' = 0.5"]["passed"] is True
   with pytest.raises(SystemExit, match="no version 'v9'"):
     backtest_space.version_values(str(run), "v9")

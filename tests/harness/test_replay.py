@@ -176,6 +176,12 @@ def test_backtest_counts_rescued_groups_by_hand(tmp_path):
   assert (row.baseline_pairs, row.baseline_violations, row.baseline_ties) == (14, 0, 0)
   assert (row.cut, row.correct_cut, row.not_trained) == (0, 0, 0)
   assert row.correct == 4 + 1 + 2 + 2 + 1  # groups 2, 4, 5, 6, 7
+  # Rows whose advantage (GRPO: (r - mean) / std per group) changes: group 0's rewards
+  # [.05, .25, .1, 0] give row 2 the group mean, advantage 0 as under BC (3 rows); group 3
+  # (4 rows); group 5, [1.5, 1.5, .2, 0] against [1, 1, 0, 0] (4 rows). Groups 4, 6 and 7
+  # get an affine map of their BC rewards (e.g. [1.5, .1, .1, .1] for [1, 0, 0, 0]): the
+  # same advantages; groups 1 and 2 stay dead (advantage 0).
+  assert row.changed == 3 + 4 + 4
   t = report.totals
   assert t["dead_ratio_before"] == 0.5 and t["dead_ratio_after"] == 0.25
   assert t["effective_after"] == 0.75 and t["steps"] == 1
@@ -190,6 +196,14 @@ def test_backtest_counts_rescued_groups_by_hand(tmp_path):
   (row,) = report.rows
   assert (row.rescued, row.dead_after, row.cut, row.not_trained) == (2, 2, 0, 8)
   assert row.correct_not_trained == 4  # group 2, all correct
+  assert row.changed == 11 + 8  # and the dropped rows, which trained (at 0) under BC
+
+  # The incumbent's own harness is inert on its own steps; so is a part that adds the
+  # same reward to every row (BC + 0.5 * BC is an affine map of BC in every group).
+  assert backtest(store, Harness(), Harness()).totals["changed"] == 0
+  store2 = RolloutStore(tmp_path / "same")
+  _write(store2, "v0", 1, Harness(), _groups(BC_A, BC_A, step=1), 4)
+  assert backtest(store2, _partial(), Harness()).totals["changed"] == 0
 
 
 def test_backtest_ranking_violations_and_totals_over_versions(tmp_path):
