@@ -33,8 +33,10 @@ sampler  ours (`Sampler`) vs transformers `generate` on the same weights: `--bat
          `matmul_share` the same for every matmul of a decode step (`decode_matmuls`:
          the blocks' projections and the head, one program), with the rate it ran at
          (`matmul_gflops_per_s`; `matmul_peak_gflops_per_s` a large square matmul's
-         in the same child): what is left is attention over the cache, norms, RoPE,
-         the token choice and the loop.
+         in the same child); `attention_share` the same for attention over the whole
+         cache of P + N slots (`decode_attention`: every block's, one program, at
+         `attention_gflops_per_s` counting q.k and p.v): what is left is norms, RoPE,
+         the cache writes, the token choice and the loop.
          `sampler_greedy_agreement`: the share of rows whose greedy tokens are the same on
          both sides, per dtype and batch.
          Summary `sampler_vs_transformers` {"<mode>_b<B>": our tokens/s in our best dtype /
@@ -195,6 +197,37 @@ def decode_matmuls(model, rows: int) -> tuple:
   return best_seconds(f, *args), rows * model.config.flops_per_token(0)
 
 
+def decode_attention(model, rows: int, slots: int) -> tuple:
+  """(best seconds of 10, FLOPs) of `decode_attention_program`: what a decode step spends
+  attending over its whole cache, apart from its matmuls."""
+  f, args = decode_attention_program(model, rows, slots)
+  cfg = model.config
+  # FLOPs: q.k and p.v, each 2 x S x D per head, row and layer (softmax not counted).
+  flops = 4 * rows * cfg.num_heads * slots * cfg.head_dim * cfg.num_layers
+  return best_seconds(f, *args), flops
+
+
+def decode_attention_program(model, rows: int, slots: int) -> tuple:
+  """(jitted f, args) of one decode step's attention alone: every block's queries of
+  `rows` one-token rows over a full cache of `slots` slots in the sampler's layout (keys
+  [B, KV, D, S], values [B, KV, S, D]), with the model's `attention_impl`, in the compute
+  dtype; random queries and caches (seeded), every slot attended."""
+  import jax
+  import jax.numpy as jnp
+  from evotrainer.model.transformer import attend
+  cfg = model.config
+  kvh, d = cfg.num_kv_heads, cfg.head_dim
+  rng = np.random.default_rng(0)
+  arr = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32), cfg.jnp_dtype)
+  caches = [(arr(rows, kvh, d, slots), arr(rows, kvh, slots, d)) for _ in model.layers]
+  q = arr(rows, kvh, cfg.num_heads // kvh, 1, d)
+
+  def chain(caches, q, mask):
+    return [attend(q, k, v, mask, True, cfg.attention_impl) for k, v in caches]
+
+  return jax.jit(chain), (caches, q, jnp.ones((rows, 1, slots), bool))
+
+
 def decode_matmul_program(model, rows: int) -> tuple:
   """(jitted f, args) of one decode step's matmuls alone: every block's q, k, v, o, gate,
   up and down projections of `rows` one-token rows in order, then the LM head, on the
@@ -240,12 +273,15 @@ def sampler_worker(spec: dict) -> dict:
     decode = out["modes"][mode]["steady_s"] - prefill
     head = head_seconds(model, b)
     mm, flops = decode_matmuls(model, b)
+    attn, attn_flops = decode_attention(model, b, spec["prompt_len"] + n)
     share = lambda t: t * (n - 1) / decode if decode > 0 else None
     out["split"] = {"mode": mode, "prefill_s": prefill, "decode_s": decode,
                     "decode_ms_per_token_step": 1000 * decode / max(n - 1, 1),
                     "lm_head_ms_per_step": 1000 * head, "lm_head_share": share(head),
                     "matmul_ms_per_step": 1000 * mm, "matmul_share": share(mm),
                     "matmul_gflops_per_s": flops / mm / 1e9,
+                    "attention_ms_per_step": 1000 * attn, "attention_share": share(attn),
+                    "attention_gflops_per_s": attn_flops / attn / 1e9,
                     "matmul_peak_gflops_per_s": matmul_peak_gflops(dtype=spec["dtype"])}
   return out
 

@@ -247,11 +247,18 @@ class Attention(nnx.Module):
       elif mask.shape[-1] != k.shape[2]:
         raise ValueError(f"mask has {mask.shape[-1]} keys; expected the cache length "
                          f"{ck.shape[3]} or the number of new tokens {k.shape[2]}")
-    if c.attention_impl == "dense":
-      out = _dense_attention(q, keys, values, mask, keys_transposed)
-    else:
-      out = _fused_attention(q, keys, values, mask, keys_transposed, c.attention_impl)
+    out = attend(q, keys, values, mask, keys_transposed, c.attention_impl)
     return dense(out, self.o[...].astype(dt), n_in=2), cache
+
+
+def attend(q: Array, keys: Array, values: Array, mask: Array, keys_transposed: bool,
+           implementation: str = "dense") -> Array:
+  """Attention of `q` [B, KV, G, T, D] over `keys` and `values` under `mask` [B, T, S]
+  (`_dense_attention` has the layouts), by `ModelConfig.attention_impl`: 'dense' (einsums)
+  or 'xla' / 'cudnn' (`jax.nn.dot_product_attention`). Returns [B, T, H, D]."""
+  if implementation == "dense":
+    return _dense_attention(q, keys, values, mask, keys_transposed)
+  return _fused_attention(q, keys, values, mask, keys_transposed, implementation)
 
 
 def _dense_attention(q: Array, keys: Array, values: Array, mask: Array,

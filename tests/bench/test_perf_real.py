@@ -53,6 +53,29 @@ def test_decode_matmul_program_does_the_counted_matmuls(tmp_path):
                                         rel=0.01)
 
 
+def test_decode_attention_program_attends_over_every_slot_of_every_layer(tmp_path):
+  """Against a naive numpy attention: each block's query heads (head h reads kv head
+  h // G) over all S cached keys and values; and the FLOPs the split divides by."""
+  import numpy as np
+  source = perf_real.model_source(True, str(tmp_path / "cache"))
+  model = perf_real.ours_model(source, "float32")
+  f, (caches, q, mask) = perf_real.decode_attention_program(model, 3, 5)
+  outs = f(caches, q, mask)
+  assert len(outs) == len(caches) == QUICK_LAYERS
+  q = np.asarray(q)  # [B, KV, G, 1, D]
+  for out, (k, v) in zip(outs, caches):
+    k, v = np.asarray(k), np.asarray(v)  # [B, KV, D, S], [B, KV, S, D]
+    for b in range(3):
+      for h in range(4):  # quick model: 4 heads over 2 kv heads
+        kv, g = divmod(h, 2)
+        scores = q[b, kv, g, 0] @ k[b, kv] / 4.0  # sqrt(D = 16)
+        p = np.exp(scores - scores.max())
+        np.testing.assert_allclose(out[b, 0, h], (p / p.sum()) @ v[b, kv], rtol=1e-5,
+                                   atol=1e-5)
+  _, flops = perf_real.decode_attention(model, 3, 5)
+  assert flops == 2 * 2 * 3 * 4 * 5 * 16 * QUICK_LAYERS  # q.k, p.v: B H S D per layer
+
+
 @pytest.mark.slow
 def test_quick_sampler_and_learner(tmp_path, capsys):
   payload, argv = _quick(tmp_path, "sampler,learner")
@@ -80,6 +103,13 @@ def test_quick_sampler_and_learner(tmp_path, capsys):
   share = seconds * (TOKENS - 1) / decode if decode > 0 else None
   assert split["matmul_share"] == (pytest.approx(share) if share else None)
   assert split["matmul_peak_gflops_per_s"] > 0
+  # Attention over the whole cache of 8 + 8 slots: q.k and p.v, 2 x S x D FLOPs per head
+  # (4), row and layer.
+  attention = split["attention_ms_per_step"] / 1000
+  assert split["attention_gflops_per_s"] == pytest.approx(
+      2 * 2 * ROWS * 4 * 2 * TOKENS * 16 * QUICK_LAYERS / attention / 1e9)
+  share = attention * (TOKENS - 1) / decode if decode > 0 else None
+  assert split["attention_share"] == (pytest.approx(share) if share else None)
 
   config = perf_real.model_config(perf_real.model_source(True, str(tmp_path / "cache")))
   full = runs["learner/float32/full"]["result"]
