@@ -201,10 +201,9 @@ def decode_attention(model, rows: int, slots: int) -> tuple:
   """(best seconds of 10, FLOPs) of `decode_attention_program`: what a decode step spends
   attending over its whole cache, apart from its matmuls."""
   f, args = decode_attention_program(model, rows, slots)
+  # FLOPs: the attention term of `flops_per_token` (q.k and p.v; softmax not counted).
   cfg = model.config
-  # FLOPs: q.k and p.v, each 2 x S x D per head, row and layer (softmax not counted).
-  flops = 4 * rows * cfg.num_heads * slots * cfg.head_dim * cfg.num_layers
-  return best_seconds(f, *args), flops
+  return best_seconds(f, *args), rows * (cfg.flops_per_token(slots) - cfg.flops_per_token(0))
 
 
 def decode_attention_program(model, rows: int, slots: int) -> tuple:
