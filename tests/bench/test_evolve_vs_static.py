@@ -515,6 +515,7 @@ def test_retained_reads_the_kept_lineage_from_the_ledger(tmp_path):
   assert layer_of("Harness.trajectory_filters") == "filter"
   assert layer_of("SamplingParams.stop_rule") == "filter"
   assert layer_of("SamplingParams.temperature") == "optimisation"
+  assert layer_of("Harness.estimator") == "optimisation"  # the advantage, not a filter
   assert layer_of("CodeTask.difficulty") == "data" and layer_of("foo.bar") == "other"
   by = retained_by_layer({0: {"retained": got}, 1: {"retained": got[:1]}}, [0, 1])
   assert list(by) == ["diagnostics", "optimisation", "reward"]
