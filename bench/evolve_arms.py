@@ -207,7 +207,8 @@ def lineage_steps(summary: Mapping) -> int:
 # The layer of a retained change, by the gin binding it sets (the paper's grouping: reward,
 # filter, data, optimisation, diagnostics); the first matching prefix wins.
 LAYERS = (("RewardComposer.", "reward"), ("Harness.curriculum", "data"),
-          ("Harness.estimator", "optimisation"), ("Harness.", "filter"), ("SamplingParams.stop_rule", "filter"),
+          ("Harness.estimator", "optimisation"), ("Harness.", "filter"),
+          ("SamplingParams.stop_rule", "filter"),
           ("Learner.", "optimisation"),
           ("SamplingParams.", "optimisation"), ("train.", "optimisation"),
           ("MathTask.", "data"), ("CodeTask.", "data"), ("SweDomain.", "data"),

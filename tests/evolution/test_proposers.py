@@ -69,8 +69,8 @@ def test_a_change_that_answers_two_findings_is_proposed_once_and_cites_both():
 def test_exploration_never_undoes_a_kept_change():
   """Seed 2 of the real math benchmark kept 'grpo' -> 'rloo' and its next generation's
   only branch, an exploration draw, was 'rloo' -> 'grpo': the same comparison in reverse.
-  With the value before the last change given, exploration (and recipe search) skip it
-  for every random draw and still offer the rest of the space."""
+  With the value before the last change given, exploration (and the random proposer)
+  skip it for every random draw and still offer the rest of the space."""
   import random
   from evotrainer.evolution.knobs import DictWeightKnob
   from evotrainer.evolution.proposers import propose
