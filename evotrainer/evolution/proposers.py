@@ -5,7 +5,7 @@ because Z", carried by exactly one `Intervention` inside the search space.
 
   skills   (default) the incumbent's findings ranked by severity; interventions from the
            matching skills first (best evidence first), then the per-finding `CATALOG`,
-           then exploration (`SearchSpace.neighbours`, never undoing a kept change)
+           then exploration (`SearchSpace.neighbours`)
   recipe   the recipe-search baseline: hyper-parameter knobs only (`RECIPE_GROUPS`),
            findings ignored; random single-factor neighbours
   random   random single-factor neighbours over the whole space
@@ -25,7 +25,6 @@ import dataclasses
 import random
 from typing import Any, Mapping, Optional, Sequence
 
-from evotrainer.evolution.intervention import normalize, same_value
 from evotrainer.evolution.search_space import Intervention, SearchSpace, SearchSpaceError
 from evotrainer.evolution.skills import SkillError, SkillLibrary
 
@@ -174,23 +173,11 @@ def _wanted(iv: Intervention, kinds: Any) -> bool:
   return kinds is None or iv.kind in kinds
 
 
-def undoes(iv: Intervention, previous: Optional[Mapping]) -> bool:
-  """Whether `iv` puts its binding back to the value it held before its last change on
-  the lineage (`previous`: {binding: that value}): a kept change undone, the comparison
-  its own branch already made."""
-  return bool(previous) and iv.binding in previous and same_value(
-      iv.new, normalize(previous[iv.binding]))
-
-
 def _exploration(space: SearchSpace, values: Mapping, rng: random.Random, k: int,
-                 source: str, why: str, previous: Optional[Mapping] = None) -> list:
-  """Up to `k` random single-factor neighbours of `values`, none undoing a kept change
-  (`undoes`): an undo re-runs its branch's comparison in reverse, which for one seed's
-  few generations is a step spent on a question already answered."""
-  ivs = space.neighbours(values, rng, k + len(previous or ()))
+                 source: str, why: str) -> list:
   return [Hypothesis(iv, f"change {iv.description}, expect held-out Avg@8 to rise, because "
                          f"{why}", DEFAULT_CRITERION, source, _group(space, iv))
-          for iv in [iv for iv in ivs if not undoes(iv, previous)][:k]]
+          for iv in space.neighbours(values, rng, k)]
 
 
 def skill_hypotheses(findings: Sequence, values: Mapping, space: SearchSpace,
@@ -267,8 +254,7 @@ def propose(proposer: str, *, findings: Sequence, values: Mapping, space: Search
     rng: the generation's random source (exploration order).
     k: branches wanted; about 4k proposals are returned.
     exclude: intervention ids already tried from this parent.
-    previous: {binding: value before its last change}, for skills that revert;
-      exploration never proposes such an undo (`undoes`).
+    previous: {binding: value before its last change}, for skills that revert.
     prefer_subtraction: escalation: 'remove' interventions first.
     avoid_groups: escalation: interventions on knobs of these groups last (switch layer).
   """
@@ -277,20 +263,18 @@ def propose(proposer: str, *, findings: Sequence, values: Mapping, space: Search
   if proposer == "skills":
     hyps = skill_hypotheses(findings, values, space, skills, previous)
     hyps += _exploration(space, values, rng, 4 * k, "exploration",
-                         "no skill or catalog entry covers the remaining budget", previous)
+                         "no skill or catalog entry covers the remaining budget")
   elif proposer == "recipe":
     sub = space.restrict(groups=RECIPE_GROUPS)
     if not len(sub):
       raise ValueError(f"proposer='recipe': the search space has no knob in groups "
                        f"{RECIPE_GROUPS} (knob groups: {sorted({k.group for k in space.knobs})})")
-    hyps = _exploration(sub, values, rng, 4 * k, "recipe", "recipe search tries it",
-                        previous)
+    hyps = _exploration(sub, values, rng, 4 * k, "recipe", "recipe search tries it")
   elif proposer == "proxy":
     hyps = _exploration(space, values, rng, _ALL, "proxy",
                         "it raises the proxy reward on the incumbent's rollouts the most")
   else:
-    hyps = _exploration(space, values, rng, 4 * k, "random", "random search tries it",
-                        previous)
+    hyps = _exploration(space, values, rng, 4 * k, "random", "random search tries it")
   seen, out = set(exclude), []
   for h in hyps:
     if h.intervention.id not in seen:

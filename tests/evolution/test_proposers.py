@@ -64,30 +64,3 @@ def test_a_change_that_answers_two_findings_is_proposed_once_and_cites_both():
     assert "; and first_edit_turn: 0.53 never edit" in by[key]
   assert "first_edit_turn" not in by["format"]
   assert [h.also for h in hyps] == [("first_edit_turn",), (), ("first_edit_turn",)]
-
-
-def test_exploration_never_undoes_a_kept_change():
-  """Seed 2 of the real math benchmark kept 'grpo' -> 'rloo' and its next generation's
-  only branch, an exploration draw, was 'rloo' -> 'grpo': the same comparison in reverse.
-  With the value before the last change given, exploration (and the random proposer)
-  skip it for every random draw and still offer the rest of the space."""
-  import random
-  from evotrainer.evolution.knobs import DictWeightKnob
-  from evotrainer.evolution.proposers import propose
-  est, parts = "Harness.estimator", "RewardComposer.parts"
-  space = SearchSpace([ChoiceKnob(est, ["grpo", "rloo", "dr_grpo"], "optimisation"),
-                       DictWeightKnob(parts, "format", 0.1, 0.9)])
-  values = {est: "rloo", parts: {"correct": 1.0, "format": 0.3}}
-  previous = {est: "grpo", parts: {"correct": 1.0}}  # both kept changes, to be undone
-  for proposer in ("skills", "random"):
-    for seed in range(20):
-      hyps = propose(proposer, findings=[], values=values, space=space, skills=None,
-                     rng=random.Random(seed), k=1, previous=previous)
-      news = [(h.intervention.binding, h.intervention.new) for h in hyps]
-      assert (est, "grpo") not in news and (est, "dr_grpo") in news, news
-      assert not [n for b, n in news if b == parts and n == {"correct": 1.0}], news
-      assert any(b == parts for b, _ in news), news  # its weight still moves
-  # Without the lineage's history the undo is an ordinary neighbour.
-  hyps = propose("random", findings=[], values=values, space=space, skills=None,
-                 rng=random.Random(0), k=4)
-  assert (est, "grpo") in [(h.intervention.binding, h.intervention.new) for h in hyps]
