@@ -5,7 +5,7 @@ because Z", carried by exactly one `Intervention` inside the search space.
 
   skills   (default) the incumbent's findings ranked by severity; interventions from the
            matching skills first (best evidence first), then the per-finding `CATALOG`,
-           then exploration (`SearchSpace.neighbours`)
+           then exploration (`SearchSpace.neighbours`, undos of kept changes last)
   recipe   the recipe-search baseline: hyper-parameter knobs only (`RECIPE_GROUPS`),
            findings ignored; random single-factor neighbours
   random   random single-factor neighbours over the whole space
@@ -25,6 +25,7 @@ import dataclasses
 import random
 from typing import Any, Mapping, Optional, Sequence
 
+from evotrainer.evolution.intervention import normalize, same_value
 from evotrainer.evolution.search_space import Intervention, SearchSpace, SearchSpaceError
 from evotrainer.evolution.skills import SkillError, SkillLibrary
 
@@ -173,11 +174,25 @@ def _wanted(iv: Intervention, kinds: Any) -> bool:
   return kinds is None or iv.kind in kinds
 
 
+def undoes(iv: Intervention, previous: Optional[Mapping]) -> bool:
+  """Whether `iv` puts its binding back to the value it held before its last change on
+  the lineage (`previous`: {binding: that value}): a kept change undone, the comparison
+  its own branch already made, in reverse."""
+  return bool(previous) and iv.binding in previous and same_value(
+      iv.new, normalize(previous[iv.binding]))
+
+
 def _exploration(space: SearchSpace, values: Mapping, rng: random.Random, k: int,
-                 source: str, why: str) -> list:
+                 source: str, why: str, previous: Optional[Mapping] = None) -> list:
+  """Random single-factor neighbours of `values`: `k` of them, plus one per binding in
+  `previous`, with every undo of a kept change (`undoes`) last. An undo re-runs its
+  branch's comparison in reverse, so it is drawn only when nothing else is left; the
+  draw is the same as without `previous` up to the reordering."""
+  ivs = space.neighbours(values, rng, k + len(previous or ()))
+  ivs.sort(key=lambda iv: undoes(iv, previous))
   return [Hypothesis(iv, f"change {iv.description}, expect held-out Avg@8 to rise, because "
                          f"{why}", DEFAULT_CRITERION, source, _group(space, iv))
-          for iv in space.neighbours(values, rng, k)]
+          for iv in ivs]
 
 
 def skill_hypotheses(findings: Sequence, values: Mapping, space: SearchSpace,
@@ -254,8 +269,9 @@ def propose(proposer: str, *, findings: Sequence, values: Mapping, space: Search
     rng: the generation's random source (exploration order).
     k: branches wanted; about 4k proposals are returned.
     exclude: intervention ids already tried from this parent.
-    previous: {binding: value before its last change}, for skills that revert.
-    prefer_subtraction: escalation: 'remove' interventions first.
+    previous: {binding: value before its last change}, for skills that revert;
+      exploration draws such an undo last (`undoes`).
+    prefer_subtraction: escalation: 'remove' interventions and undos first.
     avoid_groups: escalation: interventions on knobs of these groups last (switch layer).
   """
   if proposer not in PROPOSERS:
@@ -263,18 +279,20 @@ def propose(proposer: str, *, findings: Sequence, values: Mapping, space: Search
   if proposer == "skills":
     hyps = skill_hypotheses(findings, values, space, skills, previous)
     hyps += _exploration(space, values, rng, 4 * k, "exploration",
-                         "no skill or catalog entry covers the remaining budget")
+                         "no skill or catalog entry covers the remaining budget", previous)
   elif proposer == "recipe":
     sub = space.restrict(groups=RECIPE_GROUPS)
     if not len(sub):
       raise ValueError(f"proposer='recipe': the search space has no knob in groups "
                        f"{RECIPE_GROUPS} (knob groups: {sorted({k.group for k in space.knobs})})")
-    hyps = _exploration(sub, values, rng, 4 * k, "recipe", "recipe search tries it")
+    hyps = _exploration(sub, values, rng, 4 * k, "recipe", "recipe search tries it",
+                        previous)
   elif proposer == "proxy":
     hyps = _exploration(space, values, rng, _ALL, "proxy",
                         "it raises the proxy reward on the incumbent's rollouts the most")
   else:
-    hyps = _exploration(space, values, rng, 4 * k, "random", "random search tries it")
+    hyps = _exploration(space, values, rng, 4 * k, "random", "random search tries it",
+                        previous)
   seen, out = set(exclude), []
   for h in hyps:
     if h.intervention.id not in seen:
@@ -282,8 +300,8 @@ def propose(proposer: str, *, findings: Sequence, values: Mapping, space: Search
       out.append(h)
   avoid = set(avoid_groups)
   # Stable sorts: escalation reorders without losing the evidence ranking inside a class.
-  if prefer_subtraction:
-    out.sort(key=lambda h: not h.is_subtraction)
+  if prefer_subtraction:  # a lineage in trouble: removing or reverting comes first
+    out.sort(key=lambda h: not (h.is_subtraction or undoes(h.intervention, previous)))
   if avoid:
     out.sort(key=lambda h: h.group in avoid)
   return out

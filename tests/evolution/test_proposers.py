@@ -64,3 +64,36 @@ def test_a_change_that_answers_two_findings_is_proposed_once_and_cites_both():
     assert "; and first_edit_turn: 0.53 never edit" in by[key]
   assert "first_edit_turn" not in by["format"]
   assert [h.also for h in hyps] == [("first_edit_turn",), (), ("first_edit_turn",)]
+
+
+def test_exploration_draws_the_undo_of_a_kept_change_last_and_escalation_first():
+  """Seed 2 of the real math benchmark kept 'grpo' -> 'rloo' and its next generation's
+  only branch, an exploration draw, was 'rloo' -> 'grpo': the same comparison in reverse.
+  Given the values before the last changes, exploration (and recipe search) rank every
+  undo after every other draw; an escalation (a lineage in trouble) ranks them first."""
+  import random
+  from evotrainer.evolution.knobs import DictWeightKnob
+  from evotrainer.evolution.proposers import propose
+  est, parts = "Harness.estimator", "RewardComposer.parts"
+  space = SearchSpace([ChoiceKnob(est, ["grpo", "rloo", "dr_grpo"], "optimisation"),
+                       DictWeightKnob(parts, "format", 0.1, 0.9)])
+  values = {est: "rloo", parts: {"correct": 1.0, "format": 0.3}}
+  previous = {est: "grpo", parts: {"correct": 1.0}}  # both kept changes
+
+  def news(proposer, seed, **kw):
+    hyps = propose(proposer, findings=[], values=values, space=space, skills=None,
+                   rng=random.Random(seed), k=1, **kw)
+    return [(h.intervention.binding, h.intervention.new) for h in hyps]
+
+  undo_est, undo_parts = (est, "grpo"), (parts, {"correct": 1.0})
+  for proposer in ("skills", "random"):
+    for seed in range(20):
+      got = news(proposer, seed, previous=previous)
+      undo_at = [i for i, n in enumerate(got) if n in (undo_est, undo_parts)]
+      assert undo_at == [len(got) - 2, len(got) - 1], got  # both drawn, both last
+      assert (est, "dr_grpo") in got and any(b == parts for b, _ in got[:-2]), got
+      first = news(proposer, seed, previous=previous, prefer_subtraction=True)
+      assert max(first.index(undo_est), first.index(undo_parts)) < first.index(
+          (est, "dr_grpo")), first  # reverts before the untried choice
+  # Without the lineage's history an undo is an ordinary draw, first for some seeds.
+  assert any(news("random", s)[0] == undo_est for s in range(20))
