@@ -186,8 +186,8 @@ def _exploration(space: SearchSpace, values: Mapping, rng: random.Random, k: int
                  source: str, why: str, previous: Optional[Mapping] = None) -> list:
   """Random single-factor neighbours of `values`: `k` of them, plus one per binding in
   `previous`, with every undo of a kept change (`undoes`) last. An undo re-runs its
-  branch's comparison in reverse, so it is drawn only when nothing else is left; the
-  draw is the same as without `previous` up to the reordering."""
+  branch's comparison in reverse, so it is trained only when nothing else is left. The
+  first `k` draws are those without `previous`, reordered."""
   ivs = space.neighbours(values, rng, k + len(previous or ()))
   ivs.sort(key=lambda iv: undoes(iv, previous))
   return [Hypothesis(iv, f"change {iv.description}, expect held-out Avg@8 to rise, because "

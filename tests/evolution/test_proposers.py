@@ -69,8 +69,9 @@ def test_a_change_that_answers_two_findings_is_proposed_once_and_cites_both():
 def test_exploration_draws_the_undo_of_a_kept_change_last_and_escalation_first():
   """Seed 2 of the real math benchmark kept 'grpo' -> 'rloo' and its next generation's
   only branch, an exploration draw, was 'rloo' -> 'grpo': the same comparison in reverse.
-  Given the values before the last changes, exploration (and recipe search) rank every
-  undo after every other draw; an escalation (a lineage in trouble) ranks them first."""
+  Given the values before the last changes, the skills and random proposers' exploration
+  ranks every undo after every other draw; an escalation (a lineage in trouble) ranks
+  them first."""
   import random
   from evotrainer.evolution.knobs import DictWeightKnob
   from evotrainer.evolution.proposers import propose
