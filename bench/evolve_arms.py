@@ -205,13 +205,14 @@ def lineage_steps(summary: Mapping) -> int:
 
 
 # The layer of a retained change, by the gin binding it sets (the paper's grouping: reward,
-# filter, data, optimisation, diagnostics); the first matching prefix wins.
+# filter, data, optimisation, diagnostics, and tools: the math calculator); the first
+# matching prefix wins.
 LAYERS = (("RewardComposer.", "reward"), ("Harness.curriculum", "data"),
           ("Harness.estimator", "optimisation"), ("Harness.", "filter"),
           ("SamplingParams.stop_rule", "filter"),
           ("Learner.", "optimisation"),
           ("SamplingParams.", "optimisation"), ("train.", "optimisation"),
-          ("MathTask.", "data"), ("CodeTask.", "data"), ("SweDomain.", "data"),
+          ("MathTask.calculator", "tools"), ("MathTask.", "data"), ("CodeTask.", "data"), ("SweDomain.", "data"),
           ("evolve.diagnostics", "diagnostics"), ("evolve.validators", "diagnostics"))
 
 

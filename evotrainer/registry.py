@@ -25,12 +25,13 @@ def register_builtins() -> None:
   import evotrainer.harness.pipeline  # noqa: F401
   import evotrainer.harness.rewards  # noqa: F401
   import evotrainer.harness.validators  # noqa: F401
-  # The domains' diagnostics and validators register in the harness's libraries (code
-  # before SWE: the library's order, which the controller's gap search walks), first,
+  # The domains' diagnostics and validators register in the harness's libraries (code,
+  # SWE, then math: the library's order, which the controller's gap search walks), first,
   # before any task module imports its own.
   import evotrainer.tasks.code.diagnostics  # noqa: F401
   import evotrainer.tasks.swe.diagnostics  # noqa: F401
   import evotrainer.tasks.swe.validators  # noqa: F401
+  import evotrainer.tasks.math.diagnostics  # noqa: F401
   import evotrainer.eval.heldout  # noqa: F401
   import evotrainer.model.config  # noqa: F401
   import evotrainer.model.source  # noqa: F401

@@ -91,7 +91,10 @@ CATALOG: dict = {
                         "once a rollout ends at the fence that closes it"),
                        ("max_new_tokens", None, "fewer completions cut at the limit"),
                        ("trajectory_filters", ("add",), "truncated rows stop training")],
-    # The SWE domain's checks of tool use (tasks/swe/diagnostics.py).
+    # The math domain's check of the sums a chat model writes (tasks/math/diagnostics.py).
+  "arithmetic_slip": [("MathTask.calculator", TURN_ON, "fewer wrong values after '=' once "
+                       "the calculator tool writes them")],
+  # The SWE domain's checks of tool use (tasks/swe/diagnostics.py).
     "first_edit_turn": [("RewardComposer.parts['partial']", ("add",), "more episodes "
                          "change the code once a change that passes some of the failing "
                          "tests pays (partial)"),
@@ -170,7 +173,7 @@ def _wanted(iv: Intervention, kinds: Any) -> bool:
   admits switching a mechanism on, never off (the finding it answers persists when the
   mechanism is on, and switching it off does not address it)."""
   if kinds == TURN_ON:
-    return iv.kind == "set" and iv.new not in ("", None, [], {})
+    return iv.kind == "set" and iv.new is not False and iv.new not in ("", None, [], {})
   return kinds is None or iv.kind in kinds
 
 

@@ -193,7 +193,8 @@ class MultiTurnEngine:
 
   Args:
     task: a `tasks.base.MultiTurnTask`.
-    tokenizer: the policy's tokenizer (its `stop_ids` end a model turn).
+    tokenizer: the policy's tokenizer (its `stop_ids`, and the task's `turn_end_texts`
+      tokens, end a model turn).
     sampler: the compiled sampler.
     sampler_shardings: parameter shardings of the sampler (as `SingleTurnEngine`'s).
     budget: the episode budgets (gin: `MultiTurnEngine.budget = @TurnBudget()`).
@@ -238,6 +239,8 @@ class MultiTurnEngine:
           f"model's max_position_embeddings) leaves no room for a prompt before a turn of "
           f"TurnBudget.max_tokens_per_turn={budget.max_tokens_per_turn} tokens")
     self.buckets = context_buckets(self.context_limit - budget.max_tokens_per_turn)
+    self.turn_stop_ids = tuple(tokenizer.stop_ids) + text_stop_ids(
+        tokenizer, getattr(task, "turn_end_texts", ()))
 
   def __call__(self, params, problems: Sequence, group: int, key: jax.Array,
                sampling: SamplingParams, pad_rows_to: Optional[int] = None) -> Generation:
@@ -340,7 +343,7 @@ class MultiTurnEngine:
       batch = PromptBatch(tokens=chunk.tokens, lengths=lengths)
       prefix = Prefix(kv.cache, (width - lengths) - kv.pad, width)
     # Every process samples the same shapes and gathers the whole batch (a collective).
-    out = self.sampler(params, batch, key, stop_ids=self.tok.stop_ids, sampling=turn,
+    out = self.sampler(params, batch, key, stop_ids=self.turn_stop_ids, sampling=turn,
                        prefix=prefix, return_cache=self.kv_continuation)
     if self.kv_continuation:
       out, cache = out
@@ -378,7 +381,7 @@ class MultiTurnEngine:
       text = self.task.format_observation(observation)
       # A turn cut at its budget is closed as its stop id would have (ids only: the text
       # keeps turns without their stop ids).
-      cut = bool(tr.ids) and tr.ids[-1] not in self.tok.stop_ids
+      cut = bool(tr.ids) and tr.ids[-1] not in self.turn_stop_ids
       closing = getattr(self.task, "end_of_turn", "") if cut else ""
       ids = self.tok.encode(closing + text, add_bos=False)
       if prompt_len + len(tr.ids) + len(ids) > self.context_limit - budget.max_tokens_per_turn:
@@ -459,6 +462,20 @@ def _step_envs(envs: Sequence, texts: Sequence[str], limit_s: float) -> list:
     results.append(done if done is not None else
                    [None, "env_timeout", f"env.step ran over {limit_s}s"])
   return results
+
+
+def text_stop_ids(tokenizer, texts: Sequence[str]) -> tuple:
+  """The ids of every token of `tokenizer` whose decoded text, stripped, is one of
+  `texts`, in id order; () for no texts. Raises ValueError when a text has none."""
+  if not texts:
+    return ()
+  wanted = {t.strip() for t in texts}
+  ids = tuple(i for i in range(tokenizer.vocab_size) if tokenizer.decode([i]).strip() in wanted)
+  missing = wanted - {tokenizer.decode([i]).strip() for i in ids}
+  if missing:
+    raise ValueError(f"turn_end_texts {sorted(missing)}: no token of the tokenizer is "
+                     f"that text")
+  return ids
 
 
 def rollout_for(task, tokenizer, sampler: Sampler, sampler_shardings=None):

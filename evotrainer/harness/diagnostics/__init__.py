@@ -22,6 +22,8 @@ imports the harness, never the reverse; registry.py imports them before gin pars
               parts
   swe         tool_mix, first_edit_turn, tool_streak, echo_trap_rate, git_usage (behaviour):
               tasks/swe/diagnostics.py, over the tool calls of tasks/swe/episode.py
+  math        arithmetic_slip (behaviour): tasks/math/diagnostics.py, over the equations
+              math completions write
 
 `context` keys read (all optional; a diagnostic whose input is missing reports nothing):
   'heldout':    {name: value} held-out figures, e.g. {'avg8': .4, 'pass8': .7, 'greedy': .5}.

@@ -28,11 +28,9 @@ once per task and cached.
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
 import logging
-import operator
 import pathlib
 import random
 import re
@@ -51,6 +49,7 @@ from evotrainer.tasks.base import (HELDOUT_KEYS, MAX_ROW_CHARS, BadRow, DataErro
                                    train_draws)
 from evotrainer.tasks.chat import chat_tokenizer, user_turn
 from evotrainer.tasks.math import canaries
+from evotrainer.tasks.math.calculator import TURN_END_TEXTS, CalculatorEnv, exact_value
 from evotrainer.tasks.math.verify import VerifierPool
 
 log = logging.getLogger(__name__)
@@ -91,42 +90,17 @@ _GSM_SUFFIX = " Give the result as your final answer. Do not include units."
 
 # ------------------------------------------------------------------ procedural problems
 
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv}
-
-
-def _exact_value(expression: str) -> Fraction:
-  """Exact value of an arithmetic expression of integers (+ - * /, parentheses).
-
-  Used to check generated gold answers independently: reasoning-gym evaluates `/` as
-  floor division, so a generated "exact" division is occasionally not exact.
-  """
-
-  def ev(node: ast.AST) -> Fraction:
-    if isinstance(node, ast.Expression):
-      return ev(node.body)
-    if isinstance(node, ast.Constant) and isinstance(node.value, int):
-      return Fraction(node.value)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-      return -ev(node.operand) if isinstance(node.op, ast.USub) else ev(node.operand)
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-      return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
-    raise ValueError(f"unsupported syntax in {expression!r}")
-
-  return ev(ast.parse(expression.strip(), mode="eval"))
-
-
 def _answer_checks(name: str, item: dict) -> bool:
   """Whether a reasoning-gym item's gold answer is right, checked without its code."""
   meta = item["metadata"]
   try:
     gold = Fraction(item["answer"])
     if name in ("basic_arithmetic", "chain_sum"):
-      return _exact_value(meta["expression"]) == gold
+      return exact_value(meta["expression"]) == gold
     if name == "simple_equations":
       lhs, rhs = meta["equation"].split("=")
       var = re.compile(rf"\b{meta['variable']}\b")
-      sub = lambda side: _exact_value(var.sub(f"({gold})", side))  # noqa: E731
+      sub = lambda side: exact_value(var.sub(f"({gold})", side))  # noqa: E731
       return sub(lhs) == sub(rhs)
     return parse_number(item["answer"]) is not None
   except (ValueError, ZeroDivisionError, KeyError, SyntaxError):
@@ -168,7 +142,7 @@ def _tiny_arithmetic(key: int, difficulty: int) -> tuple[str, str, str]:
     expr = f"{a}+{b}" if rng.random() < 0.5 else f"{max(a, b)}-{min(a, b)}"
   else:
     expr = f"{a}{rng.choice('+-')}{b}{rng.choice('+-')}{c}"
-  return f"{expr}=", str(_exact_value(expr)), expr
+  return f"{expr}=", str(exact_value(expr)), expr
 
 
 def procedural_problem(name: str, difficulty: int, key: int) -> Optional[Problem]:
@@ -317,6 +291,10 @@ class MathTask:
       `{"prompt", "answer"}`), scored on every version for the `canary_prompts`
       validator. 'default': the shipped set for `tiny_arithmetic` at this difficulty
       (none for other sources); None or '': no canaries.
+    calculator: the calculator tool (tasks/math/calculator.py): episodes become
+      multi-turn, a model turn also ends at an equals sign and the tool writes the value
+      of the arithmetic before it (not trained on); `TurnBudget` bounds the episode.
+      Off by default; gin/evolution/math_space.gin lets the evolution turn it on.
   """
 
   def __init__(self, sources: Optional[Sequence[str]] = None,
@@ -329,7 +307,9 @@ class MathTask:
                format_methods: Sequence[str] = ("answer_tag",),
                verifier: Optional[VerifierPool] = None, verify_workers: int = 1,
                verify_timeout_s: float = 5.0, max_row_chars: int = MAX_ROW_CHARS,
-               canary_file: Optional[str] = "default"):
+               canary_file: Optional[str] = "default", calculator: bool = False):
+    if not isinstance(calculator, bool):
+      raise ValueError(f"MathTask.calculator must be True or False, got {calculator!r}")
     if sources is None:
       sources = ("jsonl",) if jsonl_files else ("tiny_arithmetic",)
     sources = tuple(sources)
@@ -368,6 +348,7 @@ class MathTask:
     self.canary_file = (canaries.default_canary_file(sources, difficulty)
                         if canary_file == "default" else canary_file or None)
     self._canaries: Optional[list[Problem]] = None
+    self.calculator = calculator
 
   # ------------------------------------------------------------------ problems
 
@@ -431,6 +412,32 @@ class MathTask:
     """The question wrapped in `prompt_template`; with a chat tokenizer (`use_tokenizer`),
     as a user turn of the model's chat template."""
     return user_turn(self._chat, self.prompt_template.format(question=problem.prompt))
+
+  # ------------------------------------------------------------------ the calculator
+
+  @property
+  def multi_turn(self) -> bool:
+    """With the calculator, episodes alternate model turns and tool values
+    (`tasks.base.MultiTurnTask`; rollouts/multiturn.py runs them)."""
+    return self.calculator
+
+  @property
+  def turn_end_texts(self) -> tuple:
+    """Texts whose tokens end a model turn besides the tokenizer's stop ids."""
+    return TURN_END_TEXTS if self.calculator else ()
+
+  def start_episode(self, problem: Problem) -> CalculatorEnv:
+    del problem  # the tool reads only what the model writes
+    return CalculatorEnv()
+
+  def format_observation(self, observation: str) -> str:
+    return observation  # inline: the value goes on the model's own line
+
+  def finish_episodes(self, problems: Sequence[Problem],
+                      envs: Sequence[CalculatorEnv]) -> list[dict]:
+    """Reward parts of each episode's transcript (`score_many`: the same parts as a
+    single-turn completion's); the tool's counts are in each episode's info."""
+    return self.score_many(problems, [env.transcript for env in envs])
 
   # ------------------------------------------------------------------ scoring
 
