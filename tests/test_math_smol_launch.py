@@ -49,6 +49,13 @@ def test_math_smol_gin_evolves_the_warm_started_policy_at_equal_steps(parsed):
   assert versions * gin.query_parameter("evolve.branch_steps") == 40
   assert gin.query_parameter("evolve.control") is False
   assert gin.query_parameter("VerifyConfig.keep_on") == "mean"
+  # The calculator tool is in the space, off at the root, and its finding is diagnosed.
+  assert gin.query_parameter("calculator/ChoiceKnob.binding") == "MathTask.calculator"
+  assert gin.query_parameter("calculator/ChoiceKnob.choices") == [False, True]
+  diagnostics = [r.selector for r in gin.query_parameter("evolve.diagnostics")]
+  assert any(d.endswith("ArithmeticSlipRate") for d in diagnostics)
+  assert gin.query_parameter("TurnBudget.max_model_tokens") == gin.query_parameter(
+      "SamplingParams.max_new_tokens")  # a tool episode writes no more than a completion
 
 
 @pytest.mark.slow
