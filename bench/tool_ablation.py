@@ -9,6 +9,9 @@ arm's gin file and the lineage's bindings, so sampling is the lineage's):
                           on: what the tool gives by itself
   incumbent_without_tool  the final incumbent's policy with the tool off: what the
                           evolved policy does on its own
+  incumbent_with_tool     the final incumbent as the benchmark scored it, scored again
+                          on the current code: `reproduced` counts the test problems
+                          whose score equals the benchmark's (a check of this pipeline)
 
 and reports, with the two-level bootstrap interval of bench/evolve_vs_static.py (seeds,
 then problems), `tool_alone` (root_with_tool - the root's own test score),
@@ -38,7 +41,7 @@ from evotrainer.evolution.intervention import format_value
 
 GIN = "gin/math_smol.gin"  # the evotrainer arm's (bench/evolve_arms.py, math_smol)
 TOOL = "MathTask.calculator"
-ARMS = ("root_with_tool", "incumbent_without_tool")
+ARMS = ("root_with_tool", "incumbent_without_tool", "incumbent_with_tool")
 
 
 def lineage(ledger: pathlib.Path, vid: str) -> list:
@@ -93,6 +96,9 @@ def seed_figures(root: pathlib.Path, seed: int, arms: dict) -> dict | None:
   out["incumbent_without_tool"] = test_run(
       where / f"incumbent_without_tool-s{seed}", seed,
       run / "versions" / summary["incumbent"] / "model", values, False)
+  out["incumbent_with_tool"] = test_run(
+      where / f"incumbent_with_tool-s{seed}", seed,
+      run / "versions" / summary["incumbent"] / "model", values, True)
   for arm in ("evotrainer", "static"):
     out[arm] = {"test": arms[arm][str(seed)]["test"],
                 "per_problem": arms[arm][str(seed)]["per_problem"]}
@@ -113,7 +119,12 @@ def report(per_seed: dict) -> dict:
     vals = [f["root_test"] if arm == "root" else f[arm]["test"] for f in per_seed.values()]
     return sum(vals) / len(vals) if vals else None
 
+  def reproduced(f):
+    mine, theirs = f["incumbent_with_tool"]["per_problem"], f["evotrainer"]["per_problem"]
+    return {"equal": sum(mine.get(k) == v for k, v in theirs.items()), "n": len(theirs)}
+
   return {"means": {a: mean(a) for a in ("root", *ARMS, "evotrainer", "static")},
+          "reproduced": {str(s): reproduced(f) for s, f in per_seed.items()},
           "tool_alone": diff("root_with_tool", "root"),
           "rl_with_tool": diff("evotrainer", "root_with_tool"),
           "policy_alone_vs_static": diff("incumbent_without_tool", "static")}
@@ -142,8 +153,9 @@ def main(argv=None) -> dict:
          "seeds": list(per_seed), "seeds_without_tool": [s for s in seeds if s not in per_seed],
          **report(per_seed), "per_seed": per_seed, "packages": packages(),
          "load": uptime(), "wall_s": round(time.time() - start, 1)}
-  print(json.dumps({k: out[k] for k in ("seeds", "means", "tool_alone", "rl_with_tool",
-                                         "policy_alone_vs_static")}, indent=1))
+  print(json.dumps({k: out[k] for k in ("seeds", "means", "reproduced", "tool_alone",
+                                         "rl_with_tool", "policy_alone_vs_static")},
+                   indent=1))
   write_json(args.json, out)
   return out
 

