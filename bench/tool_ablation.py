@@ -15,8 +15,10 @@ arm's gin file and the lineage's bindings, so sampling is the lineage's):
 
 and reports, with the two-level bootstrap interval of bench/evolve_vs_static.py (seeds,
 then problems), `tool_alone` (root_with_tool - the root's own test score),
-`rl_with_tool` (evotrainer - root_with_tool) and `policy_alone_vs_static`
-(incumbent_without_tool - static).
+`rl_with_tool` (incumbent_with_tool - root_with_tool: both scored on the current code),
+`policy_alone_vs_static`
+(incumbent_without_tool - static) and `rescored_vs_static` (incumbent_with_tool - static:
+the benchmark's comparison with the incumbent scored on the current code).
 
   python bench/tool_ablation.py --workdir /work/bench_runs/math_cur \\
       --from_json bench/results/evolve_vs_static_math_real_calc.json \\
@@ -126,8 +128,9 @@ def report(per_seed: dict) -> dict:
   return {"means": {a: mean(a) for a in ("root", *ARMS, "evotrainer", "static")},
           "reproduced": {str(s): reproduced(f) for s, f in per_seed.items()},
           "tool_alone": diff("root_with_tool", "root"),
-          "rl_with_tool": diff("evotrainer", "root_with_tool"),
-          "policy_alone_vs_static": diff("incumbent_without_tool", "static")}
+          "rl_with_tool": diff("incumbent_with_tool", "root_with_tool"),
+          "policy_alone_vs_static": diff("incumbent_without_tool", "static"),
+          "rescored_vs_static": diff("incumbent_with_tool", "static")}
 
 
 def main(argv=None) -> dict:
@@ -154,7 +157,8 @@ def main(argv=None) -> dict:
          **report(per_seed), "per_seed": per_seed, "packages": packages(),
          "load": uptime(), "wall_s": round(time.time() - start, 1)}
   print(json.dumps({k: out[k] for k in ("seeds", "means", "reproduced", "tool_alone",
-                                         "rl_with_tool", "policy_alone_vs_static")},
+                                         "rl_with_tool", "policy_alone_vs_static",
+                                         "rescored_vs_static")},
                    indent=1))
   write_json(args.json, out)
   return out

@@ -56,14 +56,15 @@ def test_the_report_s_differences_are_paired_per_problem():
   seed = {"root_test": 0.25, "root_per_problem": {"a": 0.0, "b": 0.5},
           "root_with_tool": {"test": 0.75, "per_problem": {"a": 1.0, "b": 0.5}},
           "incumbent_without_tool": {"test": 0.25, "per_problem": {"a": 0.5, "b": 0.0}},
-          "evotrainer": {"test": 1.0, "per_problem": {"a": 1.0, "b": 1.0}},
-          "static": {"test": 0.5, "per_problem": {"a": 0.5, "b": 0.5}},
-          "incumbent_with_tool": {"test": 0.75, "per_problem": {"a": 1.0, "b": 0.5}}}
+          "incumbent_with_tool": {"test": 1.0, "per_problem": {"a": 1.0, "b": 1.0}},
+          "evotrainer": {"test": 0.75, "per_problem": {"a": 1.0, "b": 0.5}},
+          "static": {"test": 0.5, "per_problem": {"a": 0.5, "b": 0.5}}}
   out = ta.report({0: seed})
   assert out["means"] == {"root": 0.25, "root_with_tool": 0.75,
-                          "incumbent_without_tool": 0.25, "incumbent_with_tool": 0.75,
-                          "evotrainer": 1.0, "static": 0.5}
-  assert out["reproduced"] == {"0": {"equal": 1, "n": 2}}  # b agrees, a does not
+                          "incumbent_without_tool": 0.25, "incumbent_with_tool": 1.0,
+                          "evotrainer": 0.75, "static": 0.5}
+  assert out["reproduced"] == {"0": {"equal": 1, "n": 2}}  # a agrees, b does not
   assert out["tool_alone"]["mean"] == pytest.approx(0.5)  # (1 - 0 + 0.5 - 0.5) / 2
   assert out["rl_with_tool"]["mean"] == pytest.approx(0.25)  # (0 + 0.5) / 2
   assert out["policy_alone_vs_static"]["mean"] == pytest.approx(-0.25)  # (0 - 0.5) / 2
+  assert out["rescored_vs_static"]["mean"] == pytest.approx(0.5)  # (0.5 + 0.5) / 2
