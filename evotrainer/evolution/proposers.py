@@ -92,9 +92,9 @@ CATALOG: dict = {
                        ("max_new_tokens", None, "fewer completions cut at the limit"),
                        ("trajectory_filters", ("add",), "truncated rows stop training")],
     # The math domain's check of the sums a chat model writes (tasks/math/diagnostics.py).
-  "arithmetic_slip": [("MathTask.calculator", TURN_ON, "fewer wrong values after '=' once "
-                       "the calculator tool writes them")],
-  # The SWE domain's checks of tool use (tasks/swe/diagnostics.py).
+    "arithmetic_slip": [("MathTask.calculator", TURN_ON, "fewer wrong values after '=' "
+                         "once the calculator tool writes them")],
+    # The SWE domain's checks of tool use (tasks/swe/diagnostics.py).
     "first_edit_turn": [("RewardComposer.parts['partial']", ("add",), "more episodes "
                          "change the code once a change that passes some of the failing "
                          "tests pays (partial)"),

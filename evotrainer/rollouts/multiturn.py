@@ -2,7 +2,8 @@
 
 `MultiTurnEngine` has `SingleTurnEngine`'s signature and returns a `Generation`, so
 `train()` and `evaluate()` use either; `rollout_for` picks this one for a task with
-`multi_turn = True` (`tasks.base.MultiTurnTask`). One row is one episode (rows grouped G per problem).
+`multi_turn = True` (`tasks.base.MultiTurnTask`). One row is one episode (rows grouped G
+per problem).
 
 The turn loop, until every episode stopped:
   1. every running episode's context (its prompt ids + its trajectory ids so far) is

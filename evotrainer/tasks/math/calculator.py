@@ -83,10 +83,10 @@ def value_before_equals(text: str) -> Optional[str]:
 
   The tail is the longest run of arithmetic characters before the "=" (None when it is
   longer than `MAX_EXPRESSION_CHARS`); if it does not parse, shorter tails are tried
-  that start after a space or "(" and not just after an operator. So "So 3 + 4 =" reads "3 + 4", "-5 + 3 ="
-  reads "-5 + 3", "1. 3 + 4 =" reads "3 + 4", and "x - 1 =" and "2 ** 10 =" read
-  nothing: "- 1" goes on from a name, "** 10" is no sum we compute and "10" alone is
-  not the sum written.
+  that start after a space or "(" and not just after an operator. So "So 3 + 4 ="
+  reads "3 + 4", "-5 + 3 =" reads "-5 + 3", "1. 3 + 4 =" reads "3 + 4", and "x - 1 ="
+  and "2 ** 10 =" read nothing: "- 1" goes on from a name, "** 10" is no sum we compute
+  and "10" alone is not the sum written.
   """
   stripped = text.rstrip(" ")
   if not stripped.endswith("="):
