@@ -24,14 +24,15 @@ def test_builtins_register_the_domains_in_the_harness_libraries():
   fresh = subprocess.run([sys.executable, "-c", _FRESH_LIBRARY], capture_output=True,
                          text=True, check=True, timeout=300)
   # The library's order (the controller's gap search walks it): the harness's own, then
-  # code's, then SWE's.
+  # code's, then SWE's, then math's.
   assert json.loads(fresh.stdout.strip().splitlines()[-1]) == [
       "bc", "reward", "score_trend", "dead_group_ratio", "reward_spread", "advantage_health",
       "length_reward_corr", "format_failure", "answer_spamming", "repetition", "entropy",
       "kl", "clip_fraction", "grad_norm", "length", "truncation", "turns", "stop_reasons",
       "training_drift", "syntax_error_rate", "timeout_rate", "pass_fraction_spread",
       "hardcoded_outputs", "prose_rate", "broken_fence", "wrong_name_rate", "runaway_length",
-      "tool_mix", "first_edit_turn", "tool_streak", "echo_trap_rate", "git_usage"]
+      "tool_mix", "first_edit_turn", "tool_streak", "echo_trap_rate", "git_usage",
+      "arithmetic_slip"]
   assert {"leak_detector", "history_leak", "test_tampering"} <= set(VALIDATORS)
   gin.clear_config()
   try:  # gin knows the moved classes under their old names
