@@ -1,8 +1,8 @@
 """Where a kept calculator's gain comes from: the tool, or the policy trained with it.
 
 Reads a finished `bench/evolve_vs_static.py` math run (its `--workdir` and `--json`) and,
-for each seed whose evotrainer lineage kept `MathTask.calculator = True`, scores two more
-policies on the same test problems with the same keys (`run.mode = 'test'`, the evotrainer
+for each seed whose evotrainer lineage kept `MathTask.calculator = True`, scores three
+more policies on the same test problems with the same keys (`run.mode = 'test'`, the evotrainer
 arm's gin file and the lineage's bindings, so sampling is the lineage's):
 
   root_with_tool          the root version's policy (no RL under the tool) with the tool
@@ -16,11 +16,11 @@ arm's gin file and the lineage's bindings, so sampling is the lineage's):
 and reports, with the two-level bootstrap interval of bench/evolve_vs_static.py (seeds,
 then problems), `tool_alone` (root_with_tool - the root's own test score),
 `rl_with_tool` (incumbent_with_tool - root_with_tool: both scored on the current code),
-`policy_alone_vs_static`
-(incumbent_without_tool - static) and `rescored_vs_static` (incumbent_with_tool - static:
-the benchmark's comparison with the incumbent scored on the current code).
+`policy_alone_vs_static` (incumbent_without_tool - static) and `rescored_vs_static`
+(incumbent_with_tool - static: the benchmark's comparison with the incumbent scored on the
+current code).
 
-  python bench/tool_ablation.py --workdir /work/bench_runs/math_cur \\
+  python bench/tool_ablation.py --workdir <the benchmark's workdir> \\
       --from_json bench/results/evolve_vs_static_math_real_calc.json \\
       --json bench/results/tool_ablation_math_real.json
 
@@ -79,8 +79,11 @@ def test_run(wd: pathlib.Path, seed: int, model: pathlib.Path, values: dict,
 
 
 def seed_figures(root: pathlib.Path, seed: int, arms: dict) -> dict | None:
-  """The two ablation runs of one seed (None when its lineage did not keep the tool)."""
+  """The three ablation runs of one seed (None when its lineage did not keep the tool)."""
   run = root / f"evotrainer-s{seed}"
+  if not (run / "summary.json").is_file() or str(seed) not in arms.get("evotrainer", {}):
+    raise SystemExit(f"error: seed {seed}: no finished evotrainer run {run} in --workdir, "
+                     f"or no evotrainer figures for it in --from_json")
   summary = json.loads((run / "summary.json").read_text())
   chain = lineage(run / "ledger.sqlite", summary["incumbent"])
   values = lineage_bindings(chain)
