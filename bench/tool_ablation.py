@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sqlite3
 import sys
 import time
 
@@ -48,15 +47,9 @@ ARMS = ("root_with_tool", "incumbent_without_tool", "incumbent_with_tool")
 
 def lineage(ledger: pathlib.Path, vid: str) -> list:
   """[(version, {binding: value})] from the root to `vid`, each version's own bindings."""
-  with sqlite3.connect(ledger) as db:
-    rows = {r[0]: (r[1], json.loads(r[2] or "{}"))
-            for r in db.execute("SELECT id, parent, bindings FROM versions")}
-  out = []
-  while vid is not None:
-    parent, bindings = rows[vid]
-    out.append((vid, bindings))
-    vid = parent
-  return out[::-1]
+  from evotrainer.evolution.ledger.core import Ledger
+  with Ledger(ledger) as db:
+    return [(v.id, dict(v.bindings)) for v in reversed(db.lineage(vid))]
 
 
 def lineage_bindings(chain: list) -> dict:

@@ -17,6 +17,17 @@ from evotrainer import registry
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+def _launch(gin_file: str, workdir, bindings: list) -> None:
+  """`python -m evotrainer.launch` on `gin_file` with `bindings`, on the CPU; asserts it
+  exits 0 (the output's end shown otherwise)."""
+  proc = subprocess.run(
+      [sys.executable, "-m", "evotrainer.launch", f"--gin_file={gin_file}",
+       f"--workdir={workdir}", *(f"--gin_bindings={b}" for b in bindings)],
+      cwd=REPO, env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+      capture_output=True, text=True, timeout=1500)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 @pytest.fixture
 def parsed():
   yield lambda files: registry.parse(files, [], finalize=False)
@@ -82,12 +93,7 @@ def test_launch_math_smol_evolution_with_the_real_model(tmp_path):
       "EvalConfig.num_problems = 4", "EvalConfig.num_test = 4", "EvalConfig.k = 2",
       "EvalConfig.max_new_tokens = 8", "SamplingParams.max_new_tokens = 8",
       f"warm_start.cache_dir = '{tmp_path}/ws'", f"make_tokenizer.cache_dir = '{tmp_path}/tok'"]
-  proc = subprocess.run(
-      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math_smol.gin",
-       f"--workdir={workdir}", *(f"--gin_bindings={b}" for b in bindings)],
-      cwd=REPO, env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
-      capture_output=True, text=True, timeout=1500)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  _launch("gin/math_smol.gin", workdir, bindings)
   summary = json.loads((workdir / "summary.json").read_text())
   root = json.loads((workdir / "versions" / "v0" / "summary.json").read_text())
   assert root["model"]["source"] == "hf" and root["model"]["params"] > 1e8
@@ -107,9 +113,8 @@ def test_launch_math_smol_with_the_calculator(tmp_path):
   """gin/math_smol_train.gin with `MathTask.calculator = True` through the launcher (the
   pretrained policy, no warm start, one GRPO step): stored episodes are multi-turn, and
   between two model turns sits exactly the tool's value for the text before it."""
-  import pyarrow.parquet as pq
-
   from evotrainer.model import gguf
+  from evotrainer.rollouts.store import RolloutStore
   from evotrainer.tasks.math.calculator import value_before_equals
   workdir = tmp_path / "run"
   bindings = [
@@ -119,25 +124,19 @@ def test_launch_math_smol_with_the_calculator(tmp_path):
       "EvalConfig.num_test = 4", "EvalConfig.k = 2", "MultiTurnEngine.budget = @TurnBudget()",
       "TurnBudget.max_turns = 4", "TurnBudget.max_model_tokens = 48",
       "TurnBudget.max_tokens_per_turn = 48", f"make_tokenizer.cache_dir = '{tmp_path}/tok'"]
-  proc = subprocess.run(
-      [sys.executable, "-m", "evotrainer.launch", "--gin_file=gin/math_smol_train.gin",
-       f"--workdir={workdir}", *(f"--gin_bindings={b}" for b in bindings)],
-      cwd=REPO, env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
-      capture_output=True, text=True, timeout=1500)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  _launch("gin/math_smol_train.gin", workdir, bindings)
   tok = gguf.gguf_tokenizer(gguf.resolve("smollm2-135m-instruct"))
-  rows = [r for f in sorted((workdir / "rollouts").rglob("train/*.parquet"))
-          for r in pq.read_table(f).to_pylist()]
-  assert len(rows) == 32
+  episodes = [e for e in RolloutStore(workdir / "rollouts").read() if e.split == "train"]
+  assert len(episodes) == 32
   calls = 0
-  for r in rows:
-    info, ids = json.loads(r["info"]), list(r["completion_ids"])
+  for e in episodes:
+    info, ids = e.info, [int(t) for t in e.completion_ids]
     spans = info["turn_spans"]
     assert len(spans) == info["turns"] == 1 + info["calculator_calls"] + \
         info["calculator_misses"] or info["stop"] != "submitted"
     for (_, end, _), (start, _, _) in zip(spans, spans[1:]):
       value = value_before_equals(tok.decode(ids[:end]))
       want = "" if value is None else f" {value}"
-      assert tok.decode(ids[end:start]) == want, (r["completion"], want)
+      assert tok.decode(ids[end:start]) == want, (e.completion, want)
       calls += value is not None
-  assert calls == sum(json.loads(r["info"])["calculator_calls"] for r in rows) >= 1
+  assert calls == sum(e.info["calculator_calls"] for e in episodes) >= 1

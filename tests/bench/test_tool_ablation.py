@@ -2,7 +2,6 @@
 run gets, and its report's arithmetic, on a hand-made ledger and hand-made scores."""
 
 import json
-import sqlite3
 
 import pytest
 
@@ -11,16 +10,16 @@ from bench import tool_ablation as ta
 
 @pytest.fixture
 def ledger(tmp_path):
+  from evotrainer.evolution.ledger.core import Ledger
   path = tmp_path / "ledger.sqlite"
-  with sqlite3.connect(path) as db:
-    db.execute("CREATE TABLE versions (id TEXT, parent TEXT, bindings TEXT)")
-    rows = [("v0", None, {"MathTask.calculator": False, "Learner.learning_rate": 2e-5,
-                          "Harness.group_filters": []}),
-            ("v1.0", "v0", {"MathTask.calculator": True}),
-            ("v2.0", "v1.0", {"Learner.learning_rate": 4e-5}),  # rejected: not on the way
-            ("v3.0", "v1.0", {"Harness.group_filters": ["@DropZeroVarianceGroups()"]})]
-    db.executemany("INSERT INTO versions VALUES (?, ?, ?)",
-                   [(i, p, json.dumps(b)) for i, p, b in rows])
+  with Ledger(path) as db:
+    for vid, parent, bindings in [
+        ("v0", None, {"MathTask.calculator": False, "Learner.learning_rate": 2e-5,
+                      "Harness.group_filters": []}),
+        ("v1.0", "v0", {"MathTask.calculator": True}),
+        ("v2.0", "v1.0", {"Learner.learning_rate": 4e-5}),  # rejected: not on the way
+        ("v3.0", "v1.0", {"Harness.group_filters": ["@DropZeroVarianceGroups()"]})]:
+      db.add_version(vid, parent, bindings=bindings, status="kept")
   return path
 
 
