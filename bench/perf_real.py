@@ -58,7 +58,8 @@ learner  `Learner.step` on a full-length batch (`--learner_batch` rows x (P + N)
                                         head is its frozen tied embedding) and through the
                                         top k blocks (inputs and weights)
          MFU = FLOPs per token x tokens/s / the matmul peak in the step's dtype
-         (`matmul_peak_gflops`, measured in the same child right after the steps); also
+         (`matmul_peak_gflops`, measured in the same child right after the steps; for
+         bfloat16 the better of a bf16 and a float32-accumulated result); also
          against the float32 peak. Summary `learner_mfu` {dtype: MFU of full fine-tuning}.
 rl       one GRPO step, ours (`bench.rl_step.OursGRPO`: `Sampler` with its shared prefill
          per prompt group, then one `Learner.step` with the sampler's log-probs as the PPO

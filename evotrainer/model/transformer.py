@@ -13,6 +13,7 @@ names. Nothing here names a mesh axis.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Optional, Sequence, Tuple
 
@@ -59,9 +60,25 @@ V_CACHE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
 Q_AXES = ("batch", "kv_heads", None, "length", "head_dim")
 
 
-def init_cache(config: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:
-  """A zeroed cache for `batch` rows and `length` positions."""
-  dtype = dtype or config.jnp_dtype
+def cache_dtype(config: ModelConfig):
+  """The dtype the KV cache keeps keys and values in: the compute dtype, but float32 for a
+  16-bit one on the CPU.
+
+  Why: XLA:CPU upcasts a bf16 dynamic-update-slice to float32, converting the whole cache
+  there and back on every write (bf16 decode of SmolLM2-135M at batch 16: 9 ms of a
+  38 ms step), and its bf16 dots of decode attention are slow; a float32 cache is written
+  in place and holds the bf16 keys and values exactly (attention over it then runs in
+  float32). On accelerators the cache stays 16-bit: half the memory.
+  """
+  dt = config.jnp_dtype
+  if jnp.dtype(dt).itemsize == 2 and jax.default_backend() == "cpu":
+    return jnp.float32
+  return dt
+
+
+def init_cache(config: ModelConfig, batch: int, length: int) -> KVCache:
+  """A zeroed cache for `batch` rows and `length` positions, in `cache_dtype(config)`."""
+  dtype = cache_dtype(config)
   kv, d, n = config.num_kv_heads, config.head_dim, config.num_layers
   k = tuple(constrain(jnp.zeros((batch, kv, d, length), dtype), K_CACHE_AXES) for _ in range(n))
   v = tuple(constrain(jnp.zeros((batch, kv, length, d), dtype), V_CACHE_AXES) for _ in range(n))
@@ -116,9 +133,61 @@ def dense(x: Array, w: Array, n_in: int = 1, preferred_element_type=None) -> Arr
   lead = x.shape[:x.ndim - n_in]
   k = math.prod(x.shape[x.ndim - n_in:])
   out = w.shape[n_in:]
-  y = jnp.matmul(x.reshape((math.prod(lead), k)), w.reshape((k, math.prod(out))),
-                 preferred_element_type=preferred_element_type)
+  y = low_precision_matmul(x.reshape((math.prod(lead), k)), w.reshape((k, math.prod(out))),
+                           preferred_element_type)
   return y.reshape(lead + out)
+
+
+def low_precision_matmul(x: Array, w: Array, preferred_element_type=None,
+                         w_transposed: bool = False) -> Array:
+  """`x [M, K] @ w [K, N]` (`w` [N, K] when `w_transposed`); under a 16-bit dtype every
+  dot of it, forward and backward, multiplies 16-bit operands and accumulates in float32.
+
+  Why: XLA:CPU runs a 16-bit dot with a 16-bit result at a fraction of the rate of the
+  same operands accumulated in float32 (this 2-core AVX-512-bf16 CPU: bf16 -> bf16 415
+  GFLOP/s at 1024^3 and 21 on decode's 16-row projections, bf16 -> f32 890 and 180), and
+  JAX's own backward of a dot with a float32 result mixes a float32 cotangent with a
+  16-bit operand, which runs as a float32 dot. So the result is rounded to `x`'s dtype
+  (or given `preferred_element_type`) once, and the backward casts the cotangent to
+  `x`'s dtype, as a 16-bit dot's backward does anyway. On accelerators this is what the
+  matrix units do.
+  """
+  w = w.astype(x.dtype)
+  if jnp.dtype(x.dtype).itemsize > 2:
+    return jax.lax.dot_general(x, w, _contract(1, 1 if w_transposed else 0),
+                               preferred_element_type=preferred_element_type)
+  out_dtype = jnp.dtype(preferred_element_type or x.dtype)
+  return _accumulated_matmul(x, w, w_transposed, out_dtype)
+
+
+def _contract(a_axis: int, b_axis: int):
+  """dot_general dimension numbers of two 2-D operands contracting a's `a_axis` with b's
+  `b_axis` (no batch axes)."""
+  return (((a_axis,), (b_axis,)), ((), ()))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _accumulated_matmul(x: Array, w: Array, w_transposed: bool, out_dtype) -> Array:
+  return jax.lax.dot_general(x, w, _contract(1, 1 if w_transposed else 0),
+                             preferred_element_type=F32).astype(out_dtype)
+
+
+def _accumulated_matmul_fwd(x, w, w_transposed, out_dtype):
+  return _accumulated_matmul(x, w, w_transposed, out_dtype), (x, w)
+
+
+def _accumulated_matmul_bwd(w_transposed, out_dtype, residuals, g):
+  x, w = residuals
+  g = g.astype(x.dtype)  # [M, N]
+  dot = lambda a, b, dims: jax.lax.dot_general(a, b, dims, preferred_element_type=F32)
+  if w_transposed:  # w [N, K]
+    dx, dw = dot(g, w, _contract(1, 0)), dot(g, x, _contract(0, 0))
+  else:  # w [K, N]
+    dx, dw = dot(g, w, _contract(1, 1)), dot(x, g, _contract(0, 0))
+  return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_accumulated_matmul.defvjp(_accumulated_matmul_fwd, _accumulated_matmul_bwd)
 
 
 def head_logits(hidden: Array, w: Array, tied: bool) -> Array:
@@ -130,8 +199,8 @@ def head_logits(hidden: Array, w: Array, tied: bool) -> Array:
     # Flattened to 2-D for the reason given in `dense` (measured: LM head fwd + bwd
     # 30% less CPU time than the 3-D einsum).
     b, t, e = hidden.shape
-    out = jnp.einsum("ne,ve->nv", hidden.reshape(b * t, e), w.astype(dt),
-                     preferred_element_type=F32).reshape(b, t, -1)
+    out = low_precision_matmul(hidden.reshape(b * t, e), w.astype(dt), F32,
+                               w_transposed=True).reshape(b, t, -1)
   else:
     out = dense(hidden, w.astype(dt), preferred_element_type=F32)
   return constrain(out.astype(F32), ("batch", "length", "vocab"))
@@ -243,11 +312,14 @@ class Attention(nnx.Module):
       # A mask as wide as the cache attends over it (decode); a mask as wide as the new
       # tokens attends over those alone (prefill: no work on empty slots).
       if mask.shape[-1] == ck.shape[3]:
-        keys, values, keys_transposed = ck.astype(dt), cv.astype(dt), True
+        keys, values, keys_transposed = ck, cv, True
       elif mask.shape[-1] != k.shape[2]:
         raise ValueError(f"mask has {mask.shape[-1]} keys; expected the cache length "
                          f"{ck.shape[3]} or the number of new tokens {k.shape[2]}")
-    out = attend(q, keys, values, mask, keys_transposed, c.attention_impl)
+    # Over a cache wider than the compute dtype (`cache_dtype`), attention runs in its dtype.
+    wide = jnp.promote_types(dt, keys.dtype)
+    out = attend(q.astype(wide), keys.astype(wide), values.astype(wide), mask, keys_transposed,
+                 c.attention_impl).astype(dt)
     return dense(out, self.o[...].astype(dt), n_in=2), cache
 
 
@@ -286,7 +358,8 @@ def _dense_attention(q: Array, keys: Array, values: Array, mask: Array,
   scores = scores / math.sqrt(d)
   scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-  out = constrain(jnp.einsum("bkgts,bksd->bkgtd", probs, values), Q_AXES)
+  out = jnp.einsum("bkgts,bksd->bkgtd", probs, values, preferred_element_type=F32)
+  out = constrain(out.astype(dt), Q_AXES)  # f32 accumulation: see `low_precision_matmul`
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, -1, d)
 
 

@@ -7,6 +7,7 @@ test_hf.py checks the same model against transformers; this file needs no torch 
 import dataclasses
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,7 +15,8 @@ from flax import nnx
 
 from evotrainer.model.config import ModelConfig, RopeScaling
 from evotrainer.model.transformer import (RMSNorm, Transformer, apply_rope, attention_mask,
-                                          dense, init_cache, rope_frequencies, rope_table)
+                                          cache_dtype, dense, init_cache, low_precision_matmul,
+                                          rope_frequencies, rope_table)
 
 TOL = 2e-5  # float32 model against a float64 reference
 BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
@@ -328,6 +330,77 @@ def test_prefill_then_one_decode_step_equals_the_full_forward():
                                  atol=TOL)
       np.testing.assert_allclose(cv[b, :, :T + 1][:, on], v[b][:, on], atol=TOL)
     assert not ck[..., T + 1:].any() and not cv[:, :, T + 1:].any()  # empty slots
+
+
+def test_a_bf16_model_decodes_through_a_float32_cache_on_the_cpu():
+  # bf16 compute: the cache is float32 on the CPU (`cache_dtype`), holds the bf16 keys
+  # exactly, and decode through it gives the logits of the bf16 full forward; both stay
+  # within bf16 rounding of the float32 model.
+  cfg32 = CONFIGS["llama_scaled_rope"]
+  cfg = dataclasses.replace(cfg32, dtype="bfloat16")
+  assert cache_dtype(cfg) == jnp.float32 and cache_dtype(cfg32) == jnp.float32
+  model, model32 = _random_model(cfg, seed=3), _random_model(cfg32, seed=3)
+  tokens, valid, positions = _inputs(cfg, seed=2)
+  nxt = np.array([[5], [17], [33]], np.int32)
+  full_tokens = jnp.asarray(np.concatenate([tokens, nxt], axis=1))
+  full_valid = jnp.asarray(np.concatenate([valid, np.ones((B, 1), bool)], axis=1))
+  full = np.asarray(_forward_logits(model, full_tokens, full_valid), np.float64)
+  full32 = np.asarray(_forward_logits(model32, full_tokens, full_valid), np.float64)
+  slots = jnp.broadcast_to(jnp.arange(T), (B, T))
+  mask = attention_mask(jnp.asarray(valid), jnp.asarray(valid), slots, slots)
+  _, cache = _cached_logits(model, jnp.asarray(tokens), jnp.asarray(positions), mask,
+                            init_cache(cfg, B, T + 1), 0)
+  key_valid = jnp.asarray(np.concatenate([valid, np.ones((B, 1), bool)], axis=1))
+  step_mask = attention_mask(jnp.ones((B, 1), bool), key_valid, jnp.full((B, 1), T),
+                             jnp.arange(T + 1))
+  logits, cache = _cached_logits(model, jnp.asarray(nxt), jnp.asarray(positions[:, -1:] + 1),
+                                 step_mask, cache, T)
+  assert cache.k[0].dtype == jnp.float32 and cache.v[1].dtype == jnp.float32
+  k = np.asarray(cache.k[0])
+  np.testing.assert_array_equal(k, np.asarray(jnp.asarray(k, jnp.bfloat16), np.float32))
+  assert np.abs(k).max() > 0  # written
+  got = np.asarray(logits, np.float64)[:, 0]
+  scale = np.abs(full32[:, T]).max()
+  assert scale > 0.5
+  np.testing.assert_allclose(got, full[:, T], atol=0.02 * scale)
+  np.testing.assert_allclose(got, full32[:, T], atol=0.03 * scale)
+
+
+def test_low_precision_matmul_keeps_the_dtype_and_accumulates_in_float32():
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(4, 256)), jnp.bfloat16)
+  w = jnp.asarray(rng.normal(size=(256, 8)), jnp.bfloat16)
+  got = low_precision_matmul(x, w)
+  assert got.dtype == jnp.bfloat16
+  want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)  # exact products of bf16s
+  # One rounding to bf16 at the end: within half a bf16 ulp (2^-8 relative) of the exact
+  # sum, plus float32 accumulation error.
+  np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2 ** -8, atol=1e-4)
+  f32 = low_precision_matmul(x, w, preferred_element_type=jnp.float32)
+  assert f32.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(f32, np.float64), want, rtol=1e-6, atol=1e-4)
+
+
+@pytest.mark.parametrize("w_transposed", [False, True])
+def test_low_precision_matmul_gradients_against_numpy(w_transposed):
+  # The custom backward: d/dx and d/dw of sum(c * (x @ w)) are c @ w.T and x.T @ c, both
+  # in bf16, within bf16 rounding of the exact values.
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.normal(size=(6, 64)), jnp.bfloat16)
+  w64 = rng.normal(size=(64, 5))
+  w = jnp.asarray(w64.T if w_transposed else w64, jnp.bfloat16)
+  c = rng.normal(size=(6, 5))
+  loss = lambda x, w: (low_precision_matmul(x, w, jnp.float32, w_transposed=w_transposed)
+                       * c).sum()
+  gx, gw = jax.grad(loss, (0, 1))(x, w)
+  assert gx.dtype == jnp.bfloat16 and gw.dtype == jnp.bfloat16
+  wm = np.asarray(w, np.float64).T if w_transposed else np.asarray(w, np.float64)
+  want_x = c @ wm.T
+  want_w = np.asarray(x, np.float64).T @ c
+  # The cotangent c is rounded to bf16 first (as a bf16 dot's backward does): 2 roundings.
+  np.testing.assert_allclose(np.asarray(gx, np.float64), want_x, rtol=2 ** -7, atol=0.05)
+  np.testing.assert_allclose(np.asarray(gw, np.float64).T if w_transposed else
+                             np.asarray(gw, np.float64), want_w, rtol=2 ** -7, atol=0.05)
 
 
 def test_a_mask_of_another_width_against_a_cache_is_an_error():
