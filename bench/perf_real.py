@@ -210,15 +210,17 @@ def decode_attention(model, rows: int, slots: int) -> tuple:
 def decode_attention_program(model, rows: int, slots: int) -> tuple:
   """(jitted f, args) of one decode step's attention alone: every block's queries of
   `rows` one-token rows over a full cache of `slots` slots in the sampler's layout (keys
-  [B, KV, D, S], values [B, KV, S, D]), with the model's `attention_impl`, in the compute
-  dtype; random queries and caches (seeded), every slot attended."""
+  [B, KV, D, S], values [B, KV, S, D]), with the model's `attention_impl`, in the dtype
+  the sampler attends in (the cache's, `cache_dtype`, when wider than the compute dtype);
+  random queries and caches (seeded), every slot attended."""
   import jax
   import jax.numpy as jnp
-  from evotrainer.model.transformer import attend
+  from evotrainer.model.transformer import attend, cache_dtype
   cfg = model.config
   kvh, d = cfg.num_kv_heads, cfg.head_dim
   rng = np.random.default_rng(0)
-  arr = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32), cfg.jnp_dtype)
+  wide = jnp.promote_types(cfg.jnp_dtype, cache_dtype(cfg))
+  arr = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32), wide)
   caches = [(arr(rows, kvh, d, slots), arr(rows, kvh, slots, d)) for _ in model.layers]
   q = arr(rows, kvh, cfg.num_heads // kvh, 1, d)
 
