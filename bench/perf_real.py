@@ -46,7 +46,9 @@ sampler  ours (`Sampler`) vs transformers `generate` on the same weights: `--bat
          median over the rounds, and `sampler_rounds` {"<mode>_b<B>": {"rounds", "min",
          "max"}} the spread of the best-dtype ratio computed within each round.
 learner  `Learner.step` on a full-length batch (`--learner_batch` rows x (P + N) = 64 + 128
-         positions, random ids and advantages; GRPO loss, no KL, adamw), in each dtype,
+         positions, random ids and advantages; GRPO loss, no KL, adamw; gradients summed
+         over micro-batches of `--micro_batch` rows, the real-model gins' setting; full
+         fine-tuning also on the whole batch at once, `<dtype>/full_whole`), in each dtype,
          full fine-tuning and the shipped top-4 setting (`Learner.trainable_layers`,
          embeddings frozen: gin/model/smollm2-135m.gin). Model FLOPs per token, with
          T = P + N, F = `ModelConfig.flops_per_token((T + 1) / 2)` (2 x matmul parameters
@@ -60,7 +62,8 @@ learner  `Learner.step` on a full-length batch (`--learner_batch` rows x (P + N)
          MFU = FLOPs per token x tokens/s / the matmul peak in the step's dtype
          (`matmul_peak_gflops`, measured in the same child right after the steps; for
          bfloat16 the better of a bf16 and a float32-accumulated result); also
-         against the float32 peak. Summary `learner_mfu` {dtype: MFU of full fine-tuning}.
+         against the float32 peak. Summary `learner_mfu` {dtype: MFU of full fine-tuning in
+         micro-batches}.
 rl       one GRPO step, ours (`bench.rl_step.OursGRPO`: `Sampler` with its shared prefill
          per prompt group, then one `Learner.step` with the sampler's log-probs as the PPO
          denominator) vs TRL's `GRPOTrainer` (bench/peers/trl_grpo.py, trl 1.13.0 in this
@@ -73,7 +76,10 @@ rl       one GRPO step, ours (`bench.rl_step.OursGRPO`: `Sampler` with its share
          step; `generation_s` and `training_s` per side (how each is measured:
          bench/peers/trl_grpo.py's "Phase split"; ours times its sampler call and its
          learner step). Ours runs TRL's setting (every parameter trained) and the shipped
-         top-4 setting. Summary `rl_step_vs_trl`.
+         top-4 setting, its update in micro-batches of `--micro_batch` rows; TRL runs
+         twice, its update on the whole batch (`trl`) and in the same micro-batches
+         (`trl_mb<M>`: gradient accumulation within the one update). Summary
+         `rl_step_vs_trl`: each side, `trl_best` (TRL's faster arm) and ours over it.
 
 Resumable: each measurement is stored under `runs` in `--json` with the settings it ran
 with; a rerun skips those it finds with the same settings and recomputes the summaries
@@ -112,6 +118,7 @@ MODES = {"greedy": sampler_bench.MODES["greedy"],
 PARTS = ("sampler", "learner", "rl")
 LEARNING_RATE, CLIP_HIGH = 1e-6, 0.28  # ours' Learner default upper clip; TRL gets it too
 SHIPPED_TOP_LAYERS = 4  # gin/model/smollm2-135m.gin: Learner.trainable_layers
+MICRO_BATCH = 8  # gin/code_smol_train.gin, gin/math_smol_train.gin: Learner.micro_batch_size
 QUICK_SIZES = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 TRL_DRIVER = os.path.join(rl_step.PEERS_DIR, "trl_grpo.py")
@@ -380,7 +387,7 @@ def learner_worker(spec: dict) -> dict:
   from evotrainer.learner.step import Learner
   model = ours_model(spec["source"], spec["dtype"])
   b, p, n = spec["batch"], spec["prompt_len"], spec["new_tokens"]
-  learner = Learner(model, learning_rate=LEARNING_RATE,
+  learner = Learner(model, learning_rate=LEARNING_RATE, micro_batch_size=spec["micro_batch"],
                     trainable_layers=spec["trainable_layers"])
   hp = learner.hparams()
   batch = learner_bench.make_batch(b, p, n, vocab=model.config.vocab_size)
@@ -412,8 +419,8 @@ def learner_summary(runs: dict) -> dict:
     if run["settings"]["part"] == "learner":
       rows[name.split("/", 1)[1]] = {k: round(v, 4) if isinstance(v, float) else v
                                      for k, v in run["result"].items()}
-  mfu = {run["settings"]["dtype"]: round(run["result"]["mfu"], 4) for run in runs.values()
-         if run["settings"]["part"] == "learner" and run["settings"]["trainable_layers"] is None}
+  mfu = {run["settings"]["dtype"]: round(run["result"]["mfu"], 4)
+         for name, run in runs.items() if name.startswith("learner/") and name.endswith("/full")}
   return {"learner_mfu": mfu, "learner": rows}
 
 
@@ -448,7 +455,8 @@ def rl_ours(spec: dict) -> dict:
   ids = [tok(text=step)["input_ids"] for step in texts]  # as TRL tokenizes them
   width = max(len(r) for step in ids for r in step)  # one bucket: no step recompiles
   grpo = rl_step.OursGRPO(ours_model(spec["source"], "float32"), len(texts[0]), spec["group"],
-                          new_tokens=spec["new_tokens"], micro_batch_size=None, kl_coef=0.0,
+                          new_tokens=spec["new_tokens"], micro_batch_size=spec["micro_batch"],
+                          kl_coef=0.0,
                           learning_rate=LEARNING_RATE, pad_id=0,
                           trainable_layers=spec["trainable_layers"])
   records = []
@@ -467,6 +475,8 @@ def trl_command(spec: dict, workdir: str) -> list:
          "--group_size", str(spec["group"]), "--new_tokens", str(spec["new_tokens"]),
          "--learning_rate", str(LEARNING_RATE), "--kl_coef", "0",
          "--epsilon_high", str(CLIP_HIGH), "--exact_new_tokens", "--workdir", workdir]
+  if spec.get("micro_batch"):
+    cmd += ["--micro_batch", str(spec["micro_batch"])]
   if src["gguf_file"]:
     cmd += ["--gguf_file", src["gguf_file"]]
   return cmd
@@ -509,10 +519,13 @@ def rl_summary(runs: dict) -> dict:
   sides = {name.split("/", 1)[1]: rl_side(run["result"]["records"], run["settings"]["warmup"])
            for name, run in runs.items() if run["settings"]["part"] == "rl"}
   out = dict(sides)
-  trl = sides.get("trl")
-  for name, side in sides.items():
-    if trl and name != "trl":
-      out[f"{name}_over_trl"] = round(side["tokens_per_s"] / trl["tokens_per_s"], 3)
+  trl = {name: side for name, side in sides.items() if name.startswith("trl")}
+  if trl:
+    best = max(trl, key=lambda name: trl[name]["tokens_per_s"])
+    out["trl_best"] = best
+    for name, side in sides.items():
+      if name not in trl:
+        out[f"{name}_over_trl"] = round(side["tokens_per_s"] / trl[best]["tokens_per_s"], 3)
   return {"rl_step_vs_trl": out} if sides else {}
 
 
@@ -566,18 +579,25 @@ def plan(args, source: dict, vocab: int) -> list:
   top = f"top{args.top_layers}"
   if "learner" in args.parts:
     for dtype in args.dtypes:
-      for setting, layers in (("full", None), (top, args.top_layers)):
+      arms = [("full", None, args.micro_batch), (top, args.top_layers, args.micro_batch)]
+      if args.micro_batch:
+        arms.insert(1, ("full_whole", None, None))
+      for setting, layers, micro in arms:
         out.append((f"learner/{dtype}/{setting}", dict(
             base, part="learner", dtype=dtype, trainable_layers=layers,
-            batch=args.learner_batch, prompt_len=args.prompt_len,
-            new_tokens=args.new_tokens, repeats=args.repeats)))
+            batch=args.learner_batch, micro_batch=micro,
+            prompt_len=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats)))
   if "rl" in args.parts:
     rl = dict(base, part="rl", prompts=args.rl_prompts, group=args.rl_group,
               new_tokens=args.rl_new_tokens, warmup=args.rl_warmup, steps=args.rl_steps,
-              prompts_path=os.path.join(args.cache_dir, "rl_prompts.json"))
+              prompts_path=os.path.join(args.cache_dir, "rl_prompts.json"),
+              micro_batch=args.micro_batch)
+    mb = f"_mb{args.micro_batch}" if args.micro_batch else ""
     out += [("rl/ours", dict(rl, side="ours", trainable_layers=None)),
             (f"rl/ours_{top}", dict(rl, side="ours", trainable_layers=args.top_layers)),
-            ("rl/trl", dict(rl, side="trl", trainable_layers=None))]
+            ("rl/trl", dict(rl, side="trl", trainable_layers=None, micro_batch=None))]
+    if mb:
+      out.append((f"rl/trl{mb}", dict(rl, side="trl", trainable_layers=None)))
   return out
 
 
@@ -620,6 +640,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                   help="a repeat of the sampler part (N > 0): stored beside the earlier "
                   "rounds as '<name>@N'; the summaries take each cell's median over rounds")
   ap.add_argument("--learner_batch", type=int, default=32)
+  ap.add_argument("--micro_batch", type=int, default=MICRO_BATCH,
+                  help="rows per gradient-accumulation micro-batch of our learner (part "
+                  "learner and rl) and of a second TRL arm (part rl); 0: whole batch")
   ap.add_argument("--top_layers", type=int, default=SHIPPED_TOP_LAYERS)
   ap.add_argument("--rl_prompts", type=int, default=4)
   ap.add_argument("--rl_group", type=int, default=8)
@@ -635,9 +658,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.dtypes, args.batches, args.modes = "float32", "2", "greedy"
     args.prompt_len = args.new_tokens = args.rl_new_tokens = 8
     args.learner_batch, args.top_layers, args.rl_prompts, args.rl_group = 2, 1, 2, 2
+    args.micro_batch = 1
     args.repeats, args.rl_steps = 1, 1
     args.json = args.json or os.path.join(args.cache_dir, "perf_real_quick.json")
   args.json = args.json or DEFAULT_JSON
+  if args.micro_batch < 0:
+    ap.error(f"--micro_batch {args.micro_batch}: rows per micro-batch, or 0 for none")
+  args.micro_batch = args.micro_batch or None
   for name in ("parts", "dtypes", "modes"):
     setattr(args, name, getattr(args, name).split(","))
   args.batches = [int(b) for b in args.batches.split(",")]

@@ -46,6 +46,9 @@ def parse_args(description: str) -> argparse.Namespace:
                   help="upper clip range (None: the framework's default)")
   ap.add_argument("--exact_new_tokens", action="store_true",
                   help="every row generates --new_tokens (EOS suppressed until then)")
+  ap.add_argument("--micro_batch", type=int, default=None,
+                  help="rows per gradient-accumulation micro-batch of the one update per "
+                  "step (default: the whole batch at once)")
   ap.add_argument("--gated", action="store_true", help="wait for 'go' before every step")
   ap.add_argument("--workdir", default=None, help="scratch directory for the framework")
   return ap.parse_args()

@@ -8,7 +8,9 @@
 CPU, no vLLM): the policy is loaded from the checkpoint directory (or the GGUF file in
 it) in float32 and the reference is a second copy (beta = KL coef; none at 0). One
 generation per optimizer step (per-device batch = all rows, one gradient-accumulation
-step, steps_per_generation 1, num_iterations 1), prompts in dataset order (no
+step, steps_per_generation 1, num_iterations 1; with `--micro_batch M`, per-device batch M,
+rows / M accumulation steps and as many steps per generation: one generation of all
+rows, then rows / M micro-batches summed into the one update), prompts in dataset order (no
 shuffle), temperature 1, top_p 1, top_k off, max_completion_length new tokens; the
 tokenizer's EOS is out of the model's vocabulary, so every row generates all of them
 (with a real tokenizer, `--exact_new_tokens` suppresses EOS until then).
@@ -18,8 +20,9 @@ decay, clip-by-global-norm 1.0.
 Phase split (measured by wrapping the trainer's methods): rollout = `_generate`
 (tokenization + `generate` + decoding); reference = `_get_per_token_logps_and_entropies`
 called with the reference model; update = from the end of `_prepare_inputs` (generation,
-scoring and reference done) to the end of the optimizer step: the policy's forward,
-backward and the adamw update. The rest of `_prepare_inputs` (reward, advantages,
+scoring and reference done) to the end of the optimizer step (with micro-batches, from
+the end of each call to the next one's start, and from the last one's end to the end of
+the optimizer step): the policy's forward, backward and the adamw update. The rest of `_prepare_inputs` (reward, advantages,
 metrics) is `other`.
 """
 
@@ -45,6 +48,9 @@ def main():
   args = protocol.parse_args(__doc__.split("\n\n")[0])
   per_step = protocol.load_prompt_texts(args.prompts)  # [steps][G]
   steps, rows = len(per_step), len(per_step[0]) * args.group_size
+  micro = args.micro_batch or rows
+  if micro < 1 or rows % micro:
+    raise SystemExit(f"--micro_batch {args.micro_batch}: must divide the {rows} rows a step")
   torch.manual_seed(0)
   dataset = Dataset.from_dict({"prompt": [t for texts in per_step for t in texts]})
   gguf = {"gguf_file": args.gguf_file} if args.gguf_file else {}
@@ -61,8 +67,9 @@ def main():
   exact = {"min_new_tokens": args.new_tokens} if args.exact_new_tokens else None
   workdir = args.workdir or tempfile.mkdtemp(prefix="trl_grpo_")
   config = GRPOConfig(
-      output_dir=workdir, per_device_train_batch_size=rows, gradient_accumulation_steps=1,
-      num_generations=args.group_size, steps_per_generation=1, num_iterations=1,
+      output_dir=workdir, per_device_train_batch_size=micro,
+      gradient_accumulation_steps=rows // micro, num_generations=args.group_size,
+      steps_per_generation=rows // micro, num_iterations=1,
       max_completion_length=args.new_tokens, temperature=1.0, top_p=1.0, top_k=0,
       beta=args.kl_coef, epsilon=0.2, epsilon_high=args.epsilon_high, loss_type="dapo",
       learning_rate=args.learning_rate,
@@ -74,7 +81,7 @@ def main():
       model_init_kwargs=None if gguf else {"dtype": torch.float32})
 
   clock = protocol.StepClock(args.gated, steps)
-  prepare_end = [0.0]
+  prepare_end = [None]  # the end of the step's last `_prepare_inputs` call
 
   def reward(prompts, completions, completion_ids, **kw):
     ids = [np.asarray(c) for c in completion_ids]
@@ -87,6 +94,7 @@ def main():
 
     def on_step_begin(self, args_, state, control, **kw):
       clock.gate()
+      prepare_end[0] = None
 
     def on_step_end(self, args_, state, control, **kw):
       clock.add("update", time.perf_counter() - prepare_end[0])
@@ -105,9 +113,13 @@ def main():
   prepare = trainer._prepare_inputs
 
   def timed_prepare(*a, **kw):
+    # One call per micro-batch: the time since the previous call's end was training.
+    if prepare_end[0] is not None:
+      clock.add("update", time.perf_counter() - prepare_end[0])
     out = prepare(*a, **kw)
     prepare_end[0] = time.perf_counter()
-    clock.extra["prompt_tokens"] = int(out["prompt_mask"].sum())
+    clock.extra["prompt_tokens"] = (clock.extra.get("prompt_tokens", 0)
+                                    + int(out["prompt_mask"].sum()))
     return out
 
   trainer._prepare_inputs = timed_prepare

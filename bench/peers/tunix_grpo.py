@@ -39,6 +39,8 @@ from tunix.rl.rollout import base_rollout  # noqa: E402
 
 def main():
   args = protocol.parse_args(__doc__.split("\n\n")[0])
+  if args.micro_batch:
+    raise SystemExit("--micro_batch: this driver trains each group as one batch")
   prompts = np.load(args.prompts)  # [steps, G, P]
   steps, g, p = prompts.shape
   hf = __import__("json").load(open(os.path.join(args.ckpt, "config.json")))

@@ -8,8 +8,9 @@ every scalar the controller may change (clip ranges, dual clip, aggregation mode
 sequence ratio, KL kind and coefficient, entropy coefficient, learning-rate scale)
 enters the step as an array (`StepHParams`), so changing it never recompiles.
 
-Gradient accumulation: a batch of B rows is split into B / micro_batch_size
-micro-batches that a `lax.scan` runs one after another, summing gradients. Each
+Gradient accumulation: a batch of B rows is split into the fewest equal micro-batches of
+at most `micro_batch_size` rows (B / micro_batch_size when it divides B), which a
+`lax.scan` runs one after another, summing gradients. Each
 micro-batch normalizes its loss by the token and sequence counts of the *whole* batch
 (`aggregate`'s `num_tokens` / `num_seqs`), so the summed gradient equals the full-batch
 gradient in every aggregation mode.
@@ -289,7 +290,8 @@ class Learner:
     weight_decay: adamw's decoupled weight decay.
     b1, b2, eps: Adam's constants.
     max_grad_norm: global-norm clip of the gradient; None disables it.
-    micro_batch_size: rows per gradient-accumulation micro-batch; None = whole batch.
+    micro_batch_size: most rows per gradient-accumulation micro-batch: the batch splits
+      into the fewest equal micro-batches of at most this many rows; None = whole batch.
     vocab_limit: ids >= this are masked out of the softmax (as in the sampler).
     norm_length: the constant `L` of seq-mean-token-sum-norm (default: N).
     compute_entropy: compute the per-token entropy (metric and entropy bonus).
@@ -478,11 +480,10 @@ class Learner:
     return shard_batch(batch, self.mesh, self.rules)
 
   def _num_micro(self, b: int) -> int:
+    """The fewest equal micro-batches of at most `micro_batch_size` rows that `b` splits
+    into (12 rows at most 8: two of 6; a prime b above it: b of one row)."""
     mb = self.micro_batch_size or b
-    if b % mb:
-      raise ValueError(f"batch of {b} rows is not a multiple of "
-                       f"Learner.micro_batch_size={self.micro_batch_size}")
-    return b // mb
+    return next(m for m in range(-(-b // mb), b + 1) if b % m == 0)
 
   def _logprobs(self, params: nnx.State, batch: TrainBatch,
                 temperature: jax.Array) -> jax.Array:

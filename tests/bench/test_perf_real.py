@@ -113,9 +113,13 @@ def test_quick_sampler_and_learner(tmp_path, capsys):
 
   config = perf_real.model_config(perf_real.model_source(True, str(tmp_path / "cache")))
   full = runs["learner/float32/full"]["result"]
+  whole = runs["learner/float32/full_whole"]["result"]
   top = runs["learner/float32/top1"]["result"]
+  # --quick: micro-batches of 1 row, but for the whole-batch arm.
+  assert [runs[f"learner/float32/{arm}"]["settings"]["micro_batch"]
+          for arm in ("full", "full_whole", "top1")] == [1, None, 1]
   assert payload["learner_mfu"] == {"float32": round(full["mfu"], 4)}
-  for r, layers in ((full, None), (top, 1)):
+  for r, layers in ((full, None), (whole, None), (top, 1)):
     assert r["tokens_per_s"] == pytest.approx(ROWS * 2 * TOKENS / r["step_s"])
     assert r["flops_per_token"] == perf_real.learner_flops_per_token(config, 2 * TOKENS, layers)
     assert r["mfu"] == pytest.approx(
@@ -129,7 +133,7 @@ def test_quick_sampler_and_learner(tmp_path, capsys):
   capsys.readouterr()
   again = perf_real.main(argv)
   out = capsys.readouterr().out
-  assert "running" not in out and out.count("skipped") == len(runs) == 4
+  assert "running" not in out and out.count("skipped") == len(runs) == 5
   assert again["runs"] == json.loads(json.dumps(runs))
 
 
@@ -148,7 +152,10 @@ def test_trl_command_runs_the_driver_with_our_settings(tmp_path):
   assert args == {"ckpt": "/models", "gguf_file": "m.gguf", "prompts": "/p.json",
                   "group_size": 8, "new_tokens": 128, "learning_rate": perf_real.LEARNING_RATE,
                   "kl_coef": 0.0, "epsilon_high": perf_real.CLIP_HIGH,
-                  "exact_new_tokens": True, "gated": False, "workdir": "/work"}
+                  "exact_new_tokens": True, "gated": False, "workdir": "/work",
+                  "micro_batch": None}
+  micro = perf_real.trl_command({**spec, "micro_batch": 8}, "/work")
+  assert micro[micro.index("--micro_batch") + 1] == "8"
   # TRL's upper clip is the one our Learner uses by default.
   assert inspect.signature(Learner).parameters["clip_high"].default == perf_real.CLIP_HIGH
   hf_dir = perf_real.trl_command({**spec, "source": {"dir": "/d", "gguf_file": None}}, "/w")
@@ -161,15 +168,17 @@ def test_quick_rl_step_against_trl(tmp_path):
     pytest.skip("trl is not installed: pip install -e '.[bench]' (setup.py's bench extra)")
   payload, _ = _quick(tmp_path, "rl")
   rl = payload["rl_step_vs_trl"]
-  for side in ("ours", "ours_top1", "trl"):
+  for side in ("ours", "ours_top1", "trl", "trl_mb1"):
     # 2 prompts x 2 samples: the same prompt tokens, exactly 8 new tokens on both sides.
     assert rl[side]["prompt_tokens_per_step"] == 2 * 2 * TOKENS
     assert rl[side]["completion_tokens_per_step"] == 2 * 2 * TOKENS
     assert rl[side]["tokens_per_s"] > 0 and rl[side]["steps_timed"] == 1
     assert rl[side]["generation_s"] > 0 and rl[side]["training_s"] > 0
   assert "reference" not in rl["trl"]["phase_s"]  # KL off: TRL builds no reference model
+  best = max(("trl", "trl_mb1"), key=lambda side: rl[side]["tokens_per_s"])
+  assert rl["trl_best"] == best
   for side in ("ours", "ours_top1"):
-    assert rl[f"{side}_over_trl"] == round(rl[side]["tokens_per_s"] / rl["trl"]["tokens_per_s"], 3)
+    assert rl[f"{side}_over_trl"] == round(rl[side]["tokens_per_s"] / rl[best]["tokens_per_s"], 3)
 
 
 def _sampler_run(side, dtype, rates, round_=0):

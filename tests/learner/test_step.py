@@ -349,9 +349,25 @@ def test_bad_input_is_a_clear_error(model, micro_learner, params):
     Learner(model, agg_mode="mean")
   with pytest.raises(ValueError, match="unknown"):
     micro_learner.hparams(clip=0.3)
-  odd = jax.tree.map(lambda x: x[:3], token_batch())
-  with pytest.raises(ValueError, match="micro_batch_size=2"):
-    micro_learner.step(micro_learner.init_state(params), odd, micro_learner.hparams())
+  with pytest.raises(ValueError, match="micro_batch_size"):
+    Learner(model, micro_batch_size=0)
+
+
+@pytest.mark.parametrize("rows,most,count", [(8, 8, 1), (16, 8, 2), (12, 8, 2), (4, 8, 1),
+                                             (3, 2, 3), (7, 3, 7), (6, 4, 2), (5, None, 1)])
+def test_batch_splits_into_the_fewest_equal_micro_batches(model, rows, most, count):
+  # By hand: the smallest count >= rows / most that divides rows.
+  assert Learner(model, micro_batch_size=most)._num_micro(rows) == count  # pylint: disable=protected-access
+
+
+def test_a_batch_micro_batch_size_does_not_divide_equals_the_whole_batch(
+    learner, micro_learner, params, current_logprobs):
+  """3 rows at most 2 a micro-batch: three of one row, the same update as all three."""
+  odd = jax.tree.map(lambda x: x[:3], train_batch(current_logprobs))
+  full, _ = learner.step(learner.init_state(params), odd, learner.hparams())
+  micro, _ = micro_learner.step(micro_learner.init_state(params), odd, micro_learner.hparams())
+  assert max_abs_diff(micro.params, full.params) <= TOL
+  assert max_abs_diff(full.params, params) > 1e-4  # the update is not vacuous
 
 
 def test_train_state_is_a_pytree(learner, params):
