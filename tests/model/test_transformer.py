@@ -16,7 +16,7 @@ from flax import nnx
 from evotrainer.model.config import ModelConfig, RopeScaling
 from evotrainer.model.transformer import (RMSNorm, Transformer, apply_rope, attention_mask,
                                           cache_dtype, dense, init_cache, low_precision_matmul,
-                                          rope_frequencies, rope_table)
+                                          rope_frequencies, rope_table, scale_rows)
 
 TOL = 2e-5  # float32 model against a float64 reference
 BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
@@ -401,6 +401,28 @@ def test_low_precision_matmul_gradients_against_numpy(w_transposed):
   np.testing.assert_allclose(np.asarray(gx, np.float64), want_x, rtol=2 ** -7, atol=0.05)
   np.testing.assert_allclose(np.asarray(gw, np.float64).T if w_transposed else
                              np.asarray(gw, np.float64), want_w, rtol=2 ** -7, atol=0.05)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_scale_rows_gradients_against_numpy(dtype):
+  # d/d scale of sum(c * scale * x) over 16 x 96 rows is sum_rows(c * x), accumulated in
+  # float32 whatever the dtype; d/dx is c * scale in the dtype.
+  rng = np.random.default_rng(2)
+  x = jnp.asarray(rng.normal(size=(16, 96, 8)), dtype)
+  scale = jnp.asarray(rng.normal(size=8), jnp.float32)
+  c = jnp.asarray(rng.normal(size=(16, 96, 8)), dtype)
+  loss = lambda s, x: (scale_rows(s, x).astype(jnp.float32) * c.astype(jnp.float32)).sum()
+  gs, gx = jax.grad(loss, (0, 1))(scale, x)
+  assert gs.dtype == jnp.float32 and gx.dtype == jnp.dtype(dtype)
+  x64, c64 = np.asarray(x, np.float64), np.asarray(c, np.float64)
+  s64 = np.asarray(scale.astype(dtype), np.float64)
+  # float32 accumulation of 1,536 exact products: far inside bf16's 2^-8 (a bf16 sum of
+  # them is off by about 1e-2 relative).
+  np.testing.assert_allclose(np.asarray(gs), (c64 * x64).sum((0, 1)), rtol=1e-5, atol=1e-4)
+  tol = 2 ** -8 if dtype == "bfloat16" else 1e-6
+  np.testing.assert_allclose(np.asarray(gx, np.float64), c64 * s64, rtol=tol, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(scale_rows(scale, x)),
+                                np.asarray(scale.astype(dtype) * x))
 
 
 def test_a_mask_of_another_width_against_a_cache_is_an_error():
