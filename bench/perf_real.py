@@ -82,8 +82,8 @@ rl       one GRPO step, ours (`bench.rl_step.OursGRPO`: `Sampler` with its share
          `rl_step_vs_trl`: each side, `trl_best` (TRL's faster arm) and ours over it.
 
 Resumable: each measurement is stored under `runs` in `--json` with the settings it ran
-with; a rerun skips those it finds with the same settings and recomputes the summaries
-from `runs`. `machine`: package versions; each run holds the load average before and
+with; a rerun skips those it finds with the same settings (unless `--force`) and
+recomputes the summaries from `runs`. `machine`: package versions; each run holds the load average before and
 after it (`load_before`, `load_after`).
 """
 
@@ -649,6 +649,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   ap.add_argument("--rl_new_tokens", type=int, default=128)
   ap.add_argument("--rl_warmup", type=int, default=1)
   ap.add_argument("--rl_steps", type=int, default=2)
+  ap.add_argument("--force", action="store_true",
+                  help="measure the chosen runs again even where stored with these settings "
+                  "(after a code change: results are keyed by settings, not by code)")
   ap.add_argument("--quick", action="store_true", help="the whole path on a tiny model")
   ap.add_argument("--cache_dir", default=DEFAULT_CACHE,
                   help="the quick model, the RL prompts and the children's logs")
@@ -712,7 +715,7 @@ def main(argv=None) -> dict:
   payload = load_json(args.json)
   runs = payload.setdefault("runs", {})
   for name, spec in todo:
-    if runs.get(name, {}).get("settings") == settings_of(spec):
+    if not args.force and runs.get(name, {}).get("settings") == settings_of(spec):
       print(f"[perf_real] {name}: stored with these settings, skipped", flush=True)
       continue
     runs[name] = measure(name, spec, args.cache_dir)

@@ -135,6 +135,12 @@ def test_quick_sampler_and_learner(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "running" not in out and out.count("skipped") == len(runs) == 5
   assert again["runs"] == json.loads(json.dumps(runs))
+  # --force measures the chosen runs again, and only those.
+  forced = perf_real.main(argv[:2] + ["learner", "--dtypes", "float32", "--force"] + argv[3:])
+  out = capsys.readouterr().out
+  assert out.count("running") == 3 and out.count("skipped") == 0
+  assert forced["runs"]["sampler/ours/float32/b2"] == again["runs"]["sampler/ours/float32/b2"]
+  assert forced["runs"]["learner/float32/full"] != again["runs"]["learner/float32/full"]
 
 
 def test_trl_command_runs_the_driver_with_our_settings(tmp_path):
