@@ -83,8 +83,8 @@ rl       one GRPO step, ours (`bench.rl_step.OursGRPO`: `Sampler` with its share
 
 Resumable: each measurement is stored under `runs` in `--json` with the settings it ran
 with; a rerun skips those it finds with the same settings (unless `--force`) and
-recomputes the summaries from `runs`. `machine`: package versions; each run holds the load average before and
-after it (`load_before`, `load_after`).
+recomputes the summaries from `runs`. `machine`: package versions; each run holds the
+load average before and after it (`load_before`, `load_after`).
 """
 
 from __future__ import annotations
@@ -456,8 +456,7 @@ def rl_ours(spec: dict) -> dict:
   width = max(len(r) for step in ids for r in step)  # one bucket: no step recompiles
   grpo = rl_step.OursGRPO(ours_model(spec["source"], "float32"), len(texts[0]), spec["group"],
                           new_tokens=spec["new_tokens"], micro_batch_size=spec["micro_batch"],
-                          kl_coef=0.0,
-                          learning_rate=LEARNING_RATE, pad_id=0,
+                          kl_coef=0.0, learning_rate=LEARNING_RATE, pad_id=0,
                           trainable_layers=spec["trainable_layers"])
   records = []
   for step in ids:

@@ -8,10 +8,10 @@
 CPU, no vLLM): the policy is loaded from the checkpoint directory (or the GGUF file in
 it) in float32 and the reference is a second copy (beta = KL coef; none at 0). One
 generation per optimizer step (per-device batch = all rows, one gradient-accumulation
-step, steps_per_generation 1, num_iterations 1; with `--micro_batch M`, per-device batch M,
-rows / M accumulation steps and as many steps per generation: one generation of all
-rows, then rows / M micro-batches summed into the one update), prompts in dataset order (no
-shuffle), temperature 1, top_p 1, top_k off, max_completion_length new tokens; the
+step, steps_per_generation 1, num_iterations 1; with `--micro_batch M`, per-device batch
+M, rows / M accumulation steps and as many steps per generation: one generation of all
+rows, then rows / M micro-batches summed into the one update), prompts in dataset order
+(no shuffle), temperature 1, top_p 1, top_k off, max_completion_length new tokens; the
 tokenizer's EOS is out of the model's vocabulary, so every row generates all of them
 (with a real tokenizer, `--exact_new_tokens` suppresses EOS until then).
 Loss "dapo" (token mean over the batch, as ours), adamw_torch, constant lr, no weight
@@ -22,8 +22,8 @@ Phase split (measured by wrapping the trainer's methods): rollout = `_generate`
 called with the reference model; update = from the end of `_prepare_inputs` (generation,
 scoring and reference done) to the end of the optimizer step (with micro-batches, from
 the end of each call to the next one's start, and from the last one's end to the end of
-the optimizer step): the policy's forward, backward and the adamw update. The rest of `_prepare_inputs` (reward, advantages,
-metrics) is `other`.
+the optimizer step): the policy's forward, backward and the adamw update. The rest of
+`_prepare_inputs` (reward, advantages, metrics) is `other`.
 """
 
 from __future__ import annotations

@@ -357,7 +357,8 @@ def test_bad_input_is_a_clear_error(model, micro_learner, params):
                                              (3, 2, 3), (7, 3, 7), (6, 4, 2), (5, None, 1)])
 def test_batch_splits_into_the_fewest_equal_micro_batches(model, rows, most, count):
   # By hand: the smallest count >= rows / most that divides rows.
-  assert Learner(model, micro_batch_size=most)._num_micro(rows) == count  # pylint: disable=protected-access
+  learner = Learner(model, micro_batch_size=most)
+  assert learner._num_micro(rows) == count  # pylint: disable=protected-access
 
 
 def test_a_batch_micro_batch_size_does_not_divide_equals_the_whole_batch(
