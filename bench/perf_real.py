@@ -41,7 +41,7 @@ sampler  ours (`Sampler`) vs transformers `generate` on the same weights: `--bat
          both sides, per dtype and batch.
          Summary `sampler_vs_transformers` {"<mode>_b<B>": our tokens/s in our best dtype /
          transformers' in its best}; `sampler_by_dtype` the same per dtype, both sides in it.
-         `--round N` (N >= 1, `--parts sampler` alone) measures the part again, stored
+         `--round N` (N >= 1, the sampler and rl parts) measures the part again, stored
          beside the earlier rounds as '<name>@N': every tokens/s above is then the cell's
          median over the rounds, and `sampler_rounds` {"<mode>_b<B>": {"rounds", "min",
          "max"}} the spread of the best-dtype ratio computed within each round.
@@ -80,6 +80,9 @@ rl       one GRPO step, ours (`bench.rl_step.OursGRPO`: `Sampler` with its share
          twice, its update on the whole batch (`trl`) and in the same micro-batches
          (`trl_mb<M>`: gradient accumulation within the one update). Summary
          `rl_step_vs_trl`: each side, `trl_best` (TRL's faster arm) and ours over it.
+         `--round N` (N >= 1) measures the part again as '<name>@N': each side's figures
+         are then medians over the timed steps of every round, and `rl_rounds`
+         {"<side>_over_trl": {"rounds", "min", "max"}} that ratio within each round.
 
 Resumable: each measurement is stored under `runs` in `--json` with the settings it ran
 with; a rerun skips those it finds with the same settings (unless `--force`) and
@@ -495,9 +498,9 @@ def rl_trl(spec: dict, log_path: str) -> dict:
 GENERATION, TRAINING = ("rollout",), ("reference", "update")
 
 
-def rl_side(records: list, warmup: int) -> dict:
-  """Medians over the timed steps of one side's records."""
-  steps = records[warmup:]
+def rl_side(rounds: list) -> dict:
+  """Medians over the timed steps of one side's runs (one a round), pooled."""
+  steps = [r for run in rounds for r in run["result"]["records"][run["settings"]["warmup"]:]]
   med = lambda xs: float(np.median(xs))
   step_s = med([r["step_s"] for r in steps])
   tokens = med([r["prompt_tokens"] + r["completion_tokens"] for r in steps])
@@ -511,21 +514,46 @@ def rl_side(records: list, warmup: int) -> dict:
           "generation_s": round(generation, 3), "training_s": round(training, 3),
           "other_s": round(step_s - generation - training, 3),
           "phase_s": {k: round(v, 3) for k, v in phases.items()},
-          "first_step_s": round(records[0]["step_s"], 3), "steps_timed": len(steps)}
+          "first_step_s": round(rounds[0]["result"]["records"][0]["step_s"], 3),
+          "steps_timed": len(steps)}
+
+
+def over_trl(sides: dict) -> dict:
+  """{"trl_best": TRL's faster arm, "<side>_over_trl": each of ours over it}."""
+  trl = {name: side for name, side in sides.items() if name.startswith("trl")}
+  if not trl:
+    return {}
+  best = max(trl, key=lambda name: trl[name]["tokens_per_s"])
+  out = {"trl_best": best}
+  for name, side in sides.items():
+    if name not in trl:
+      out[f"{name}_over_trl"] = round(side["tokens_per_s"] / trl[best]["tokens_per_s"], 3)
+  return out
 
 
 def rl_summary(runs: dict) -> dict:
-  sides = {name.split("/", 1)[1]: rl_side(run["result"]["records"], run["settings"]["warmup"])
-           for name, run in runs.items() if run["settings"]["part"] == "rl"}
-  out = dict(sides)
-  trl = {name: side for name, side in sides.items() if name.startswith("trl")}
-  if trl:
-    best = max(trl, key=lambda name: trl[name]["tokens_per_s"])
-    out["trl_best"] = best
-    for name, side in sides.items():
-      if name not in trl:
-        out[f"{name}_over_trl"] = round(side["tokens_per_s"] / trl[best]["tokens_per_s"], 3)
-  return {"rl_step_vs_trl": out} if sides else {}
+  """Each side over its timed steps of every round (`--round`), ours over TRL's faster
+  arm, and with 2 or more rounds `rl_rounds` {"<side>_over_trl": {"rounds", "min",
+  "max"}}: that ratio computed within each round."""
+  by_round: dict = {}  # round -> side -> run
+  for name, run in runs.items():
+    if run["settings"]["part"] == "rl":
+      side = name.split("/", 1)[1].split("@")[0]
+      by_round.setdefault(run["settings"].get("round", 0), {})[side] = run
+  names = sorted({side for r in by_round.values() for side in r})
+  sides = {side: rl_side([r[side] for _, r in sorted(by_round.items()) if side in r])
+           for side in names}
+  if not sides:
+    return {}
+  per_round: dict = {}
+  for r in by_round.values():
+    for key, ratio in over_trl({side: rl_side([run]) for side, run in r.items()}).items():
+      if key != "trl_best":
+        per_round.setdefault(key, []).append(ratio)
+  spread = {key: {"rounds": len(v), "min": min(v), "max": max(v)}
+            for key, v in sorted(per_round.items()) if len(v) > 1}
+  return {"rl_step_vs_trl": {**sides, **over_trl(sides)},
+          **({"rl_rounds": spread} if spread else {})}
 
 
 # --------------------------------------------------------------------------- driver
@@ -591,12 +619,16 @@ def plan(args, source: dict, vocab: int) -> list:
               new_tokens=args.rl_new_tokens, warmup=args.rl_warmup, steps=args.rl_steps,
               prompts_path=os.path.join(args.cache_dir, "rl_prompts.json"),
               micro_batch=args.micro_batch)
+    if args.round:
+      rl["round"] = args.round
     mb = f"_mb{args.micro_batch}" if args.micro_batch else ""
-    out += [("rl/ours", dict(rl, side="ours", trainable_layers=None)),
-            (f"rl/ours_{top}", dict(rl, side="ours", trainable_layers=args.top_layers)),
-            ("rl/trl", dict(rl, side="trl", trainable_layers=None, micro_batch=None))]
+    arms = [("ours", dict(rl, side="ours", trainable_layers=None)),
+            (f"ours_{top}", dict(rl, side="ours", trainable_layers=args.top_layers)),
+            ("trl", dict(rl, side="trl", trainable_layers=None, micro_batch=None))]
     if mb:
-      out.append((f"rl/trl{mb}", dict(rl, side="trl", trainable_layers=None)))
+      arms.append((f"trl{mb}", dict(rl, side="trl", trainable_layers=None)))
+    suffix = f"@{args.round}" if args.round else ""
+    out += [(f"rl/{name}{suffix}", spec) for name, spec in arms]
   return out
 
 
@@ -636,8 +668,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   ap.add_argument("--new_tokens", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=2, help="timed calls after the first")
   ap.add_argument("--round", type=int, default=0,
-                  help="a repeat of the sampler part (N > 0): stored beside the earlier "
-                  "rounds as '<name>@N'; the summaries take each cell's median over rounds")
+                  help="a repeat of the sampler or rl part (N > 0): stored beside the "
+                  "earlier rounds as '<name>@N'; the summaries pool the rounds")
   ap.add_argument("--learner_batch", type=int, default=32)
   ap.add_argument("--micro_batch", type=int, default=MICRO_BATCH,
                   help="rows per gradient-accumulation micro-batch of our learner (part "
@@ -673,9 +705,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   bad = [p for p in args.parts if p not in PARTS] + [m for m in args.modes if m not in MODES]
   if bad:
     ap.error(f"unknown parts or modes {bad}; parts {PARTS}, modes {list(MODES)}")
-  if args.round < 0 or (args.round and args.parts != ["sampler"]):
-    ap.error(f"--round {args.round}: a round is N >= 1 of the sampler part alone "
-             "(--parts sampler)")
+  if args.round < 0 or (args.round and "learner" in args.parts):
+    ap.error(f"--round {args.round}: a round is N >= 1 of the sampler or rl part "
+             "(--parts sampler, rl or sampler,rl)")
   return args
 
 

@@ -187,6 +187,37 @@ def test_quick_rl_step_against_trl(tmp_path):
     assert rl[f"{side}_over_trl"] == round(rl[side]["tokens_per_s"] / rl[best]["tokens_per_s"], 3)
 
 
+def _rl_run(step_s, round_=0, warmup=1):
+  # A warm-up record (never timed), then the timed ones: 100 prompt + 300 completion tokens.
+  records = [{"step_s": 99.0, "phase_s": {"rollout": 1.0, "update": 2.0},
+              "prompt_tokens": 100, "completion_tokens": 300}]
+  records += [{"step_s": s, "phase_s": {"rollout": s / 4, "update": 3 * s / 4},
+               "prompt_tokens": 100, "completion_tokens": 300} for s in step_s]
+  return {"settings": {"part": "rl", "warmup": warmup, **({"round": round_} if round_ else {})},
+          "result": {"records": records}}
+
+
+def test_rl_rounds_pool_the_timed_steps_and_report_each_rounds_ratio():
+  runs = {"rl/ours": _rl_run([2.0, 4.0]), "rl/trl": _rl_run([8.0, 8.0]),
+          "rl/trl_mb8": _rl_run([10.0, 10.0]),
+          "rl/ours@1": _rl_run([4.0, 4.0], 1), "rl/trl@1": _rl_run([10.0, 10.0], 1),
+          "rl/trl_mb8@1": _rl_run([5.0, 5.0], 1)}
+  got = perf_real.rl_summary(runs)
+  rl = got["rl_step_vs_trl"]
+  # Pooled timed steps: ours 2, 4, 4, 4 (median 4 s: 100 tokens/s); trl 8, 8, 10, 10 (9 s);
+  # trl_mb8 10, 10, 5, 5 (7.5 s: 53.33 tokens/s, the faster arm).
+  assert rl["ours"]["s_per_step"] == 4.0 and rl["ours"]["tokens_per_s"] == 100.0
+  assert rl["ours"]["steps_timed"] == 4 and rl["ours"]["first_step_s"] == 99.0
+  assert rl["ours"]["generation_s"] == 1.0 and rl["ours"]["training_s"] == 3.0
+  assert rl["trl"]["s_per_step"] == 9.0 and rl["trl_mb8"]["s_per_step"] == 7.5
+  assert rl["trl_best"] == "trl_mb8" and rl["ours_over_trl"] == round(7.5 / 4.0, 3)
+  # Within each round: round 0 ours 3 s against trl's 8 (2.667); round 1 4 s against
+  # trl_mb8's 5 (1.25).
+  assert got["rl_rounds"] == {"ours_over_trl": {"rounds": 2, "min": 1.25, "max": 2.667}}
+  one = perf_real.rl_summary({k: v for k, v in runs.items() if "@" not in k})
+  assert "rl_rounds" not in one and one["rl_step_vs_trl"]["ours_over_trl"] == round(8 / 3, 3)
+
+
 def _sampler_run(side, dtype, rates, round_=0):
   settings = {"part": "sampler", "side": side, "dtype": dtype, "batch": 16,
               **({"round": round_} if round_ else {})}
