@@ -249,13 +249,16 @@ def test_sampler_rounds_take_each_cells_median_and_report_the_spread():
   assert perf_real.sampler_summary(one)["sampler_vs_transformers"] == {"greedy_b16": 2.0}
 
 
-def test_a_round_is_a_repeat_of_the_sampler_part_alone(tmp_path):
+def test_a_round_is_a_repeat_of_the_sampler_or_rl_part(tmp_path):
   args = perf_real.parse_args(["--parts", "sampler", "--round", "2"])
   names = [name for name, _ in perf_real.plan(args, {"name": "m"}, 100)]
   assert names and all(n.endswith("@2") for n in names)
   assert perf_real.plan(args, {"name": "m"}, 100)[0][1]["round"] == 2
   base = perf_real.parse_args(["--parts", "sampler"])
   assert "round" not in perf_real.plan(base, {"name": "m"}, 100)[0][1]  # stored rows match
+  rl = perf_real.plan(perf_real.parse_args(["--parts", "rl", "--round", "1"]), {"name": "m"}, 100)
+  assert [name for name, _ in rl] == ["rl/ours@1", "rl/ours_top4@1", "rl/trl@1", "rl/trl_mb8@1"]
+  assert all(spec["round"] == 1 for _, spec in rl)
   for bad in (["--round", "1"], ["--parts", "sampler,learner", "--round", "1"],
               ["--parts", "sampler", "--round", "-1"]):
     with pytest.raises(SystemExit):
