@@ -545,8 +545,8 @@ def rl_summary(runs: dict) -> dict:
            for side in names}
   if not sides:
     return {}
-  per_round: dict = {}
-  for r in by_round.values():
+  per_round: dict = {}  # one round: `sides` is that round, no spread to compute
+  for r in by_round.values() if len(by_round) > 1 else ():
     for key, ratio in over_trl({side: rl_side([run]) for side, run in r.items()}).items():
       if key != "trl_best":
         per_round.setdefault(key, []).append(ratio)
